@@ -1,0 +1,51 @@
+//! Prometheus metrics of the engine. Every series is labelled by `model`.
+
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+/// Slots of a model (gauge).
+pub const SLOTS_TOTAL: &str = "slotgate_engine_slots_total";
+/// Slots running a request (gauge).
+pub const SLOTS_BUSY: &str = "slotgate_engine_slots_busy";
+/// Choices waiting for a slot (gauge).
+pub const QUEUE_DEPTH: &str = "slotgate_engine_queue_depth";
+/// Requests answered, by HTTP status (counter).
+pub const REQUESTS: &str = "slotgate_engine_requests_total";
+/// Prompt tokens of finished choices (counter).
+pub const PROMPT_TOKENS: &str = "slotgate_engine_prompt_tokens_total";
+/// Prompt tokens reused from the prompt cache (counter).
+pub const PROMPT_TOKENS_CACHED: &str = "slotgate_engine_prompt_tokens_cached_total";
+/// Tokens sampled (counter).
+pub const GENERATED_TOKENS: &str = "slotgate_engine_generated_tokens_total";
+/// Choices cancelled because their client went away (counter).
+pub const CANCELLED: &str = "slotgate_engine_cancelled_total";
+/// From arrival to the first sampled token (histogram, seconds).
+pub const TTFT: &str = "slotgate_engine_time_to_first_token_seconds";
+/// Mean time per output token after the first, per choice (histogram, seconds).
+pub const TPOT: &str = "slotgate_engine_time_per_output_token_seconds";
+/// Time spent waiting for a slot (histogram, seconds).
+pub const QUEUE_WAIT: &str = "slotgate_engine_queue_wait_seconds";
+/// Scheduler work per step outside llama.cpp's decode (histogram, seconds).
+pub const STEP_OVERHEAD: &str = "slotgate_engine_step_overhead_seconds";
+
+/// Installs the process's Prometheus recorder once and returns its handle.
+pub fn handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let buckets = [
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0, 30.0, 60.0,
+            ];
+            let builder = PrometheusBuilder::new()
+                .set_buckets(&buckets)
+                .unwrap_or_else(|_| PrometheusBuilder::new());
+            match builder.install_recorder() {
+                Ok(handle) => handle,
+                // Another recorder is installed (tests in one process): render a private one.
+                Err(_) => PrometheusBuilder::new().build_recorder().handle(),
+            }
+        })
+        .clone()
+}

@@ -1,0 +1,171 @@
+//! What HTTP handlers hand to the scheduler, and what they hear back.
+//!
+//! A job is one request. It becomes one task per choice (prompt × sample), each of
+//! which runs in a slot of its own; all tasks of a job report through the job's one
+//! event channel, tagged with the choice index. When the receiver of that channel is
+//! dropped (the client went away), every task of the job is cancelled.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use slotgate_protocol::{ApiError, ChatMessage, FinishReason, PromptItem};
+use tokio::sync::mpsc;
+
+/// What to generate from.
+#[derive(Debug, Clone)]
+pub enum JobInput {
+    /// A conversation, rendered with the model's chat template.
+    Chat(Vec<ChatMessage>),
+    /// Text completion prompts; choice indexes run prompt-major.
+    Prompts(Vec<PromptItem>),
+}
+
+/// How to sample, the same for every choice of a job.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenParams {
+    /// Most tokens per choice; `None` runs until the end of the slot's context.
+    pub max_tokens: Option<u32>,
+    /// Stop strings, never part of the output.
+    pub stop: Vec<String>,
+    /// Choices per prompt.
+    pub n: u32,
+    /// 0 is greedy.
+    pub temperature: f32,
+    /// Nucleus sampling mass.
+    pub top_p: f32,
+    /// Keep the k most likely tokens; 0 keeps all.
+    pub top_k: i32,
+    /// Minimum probability relative to the best token.
+    pub min_p: f32,
+    /// Sampler seed; choice `i` of a prompt uses `seed + i`. Random when `None`.
+    pub seed: Option<i64>,
+    /// OpenAI's presence penalty.
+    pub presence_penalty: f32,
+    /// OpenAI's frequency penalty.
+    pub frequency_penalty: f32,
+    /// Token id and bias.
+    pub logit_bias: Vec<(i32, f32)>,
+    /// Send the prompt before the generated text (text completions).
+    pub echo: bool,
+}
+
+impl Default for GenParams {
+    /// llama.cpp's server defaults.
+    fn default() -> Self {
+        Self {
+            max_tokens: None,
+            stop: Vec::new(),
+            n: 1,
+            temperature: 0.8,
+            top_p: 0.95,
+            top_k: 40,
+            min_p: 0.05,
+            seed: None,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
+            echo: false,
+        }
+    }
+}
+
+impl GenParams {
+    /// Reads the OpenAI sampling fields, keeping defaults for those left out.
+    pub fn from_sampling(sampling: &slotgate_protocol::Sampling, max_tokens: Option<u32>) -> Self {
+        let d = Self::default();
+        Self {
+            max_tokens,
+            stop: sampling.stop_strings(),
+            n: sampling.n(),
+            temperature: sampling.temperature.unwrap_or(d.temperature),
+            top_p: sampling.top_p.unwrap_or(d.top_p),
+            top_k: sampling.top_k.unwrap_or(d.top_k),
+            min_p: sampling.min_p.unwrap_or(d.min_p),
+            seed: sampling.seed,
+            presence_penalty: sampling.presence_penalty.unwrap_or(0.0),
+            frequency_penalty: sampling.frequency_penalty.unwrap_or(0.0),
+            logit_bias: sampling.logit_bias_pairs(),
+            echo: false,
+        }
+    }
+}
+
+/// Token counts of one finished choice.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ChoiceUsage {
+    /// Tokens of the choice's prompt.
+    pub prompt_tokens: u32,
+    /// Prompt tokens found in the slot's cache and not decoded again.
+    pub cached_tokens: u32,
+    /// Tokens sampled, the end-of-generation token included.
+    pub completion_tokens: u32,
+}
+
+/// What the scheduler tells a job, on the job's own channel.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// New text of choice `index`; never a broken character or part of a stop string.
+    Text {
+        /// The choice.
+        index: u32,
+        /// The text.
+        text: String,
+    },
+    /// Choice `index` is complete.
+    Done {
+        /// The choice.
+        index: u32,
+        /// Why it stopped.
+        reason: FinishReason,
+        /// Its token counts.
+        usage: ChoiceUsage,
+    },
+    /// The job failed; no more events follow.
+    Error(ApiError),
+}
+
+/// One request, as sent to the scheduler.
+#[derive(Debug)]
+pub struct Job {
+    /// The model asked for.
+    pub model: String,
+    /// What to generate from.
+    pub input: JobInput,
+    /// How to sample.
+    pub params: GenParams,
+    /// Where events go; dropping its receiver cancels the job.
+    pub events: mpsc::UnboundedSender<Event>,
+}
+
+/// One choice of a job, waiting for or running in a slot.
+#[derive(Debug)]
+pub(crate) struct Task {
+    /// A process-wide id, shown as `id_task` in `/slots`.
+    pub id: u64,
+    /// The choice index in the answer.
+    pub index: u32,
+    /// The prompt, tokenized.
+    pub prompt: Arc<Vec<llama_cpp_2::token::LlamaToken>>,
+    /// The job's sampling settings.
+    pub params: Arc<GenParams>,
+    /// The sampler seed of this choice.
+    pub seed: u32,
+    /// The prompt's text, sent first when `params.echo` is set.
+    pub echo_text: Option<Arc<String>>,
+    /// The job's event channel.
+    pub events: mpsc::UnboundedSender<Event>,
+    /// When the job reached the scheduler.
+    pub enqueued: Instant,
+}
+
+impl Task {
+    /// Whether the client has gone away.
+    pub fn cancelled(&self) -> bool {
+        self.events.is_closed()
+    }
+
+    /// Sends an event; a closed channel is noticed by `cancelled` on the next step.
+    pub fn send(&self, event: Event) {
+        let _ = self.events.send(event);
+    }
+}

@@ -1,0 +1,135 @@
+//! The scheduler: one thread that owns llama.cpp, and the handle HTTP handlers use
+//! to reach it.
+//!
+//! Every request, streamed or not, becomes the same [`Job`]; the same queue and the
+//! same decode loop run it. Only the response writer differs.
+
+mod job;
+mod model;
+mod sampler;
+mod slot;
+pub mod text;
+mod worker;
+
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use llama_cpp_2::llama_backend::LlamaBackend;
+use slotgate_protocol::ApiError;
+use tokio::sync::{mpsc, oneshot};
+
+pub use job::{ChoiceUsage, Event, GenParams, Job, JobInput};
+pub use model::ModelSnapshot;
+
+use crate::config::ModelSettings;
+use crate::error::EngineError;
+
+/// How many commands may wait for the scheduler thread. Jobs beyond it are refused
+/// with 503 at once: the thread drains this channel every step, so it only fills
+/// under a burst far larger than any queue.
+const COMMAND_CAPACITY: usize = 1024;
+
+/// Commands to the scheduler thread.
+pub(crate) enum Command {
+    Submit(Job),
+    Load(ModelSettings, oneshot::Sender<Result<String, EngineError>>),
+    Unload(String, oneshot::Sender<Result<(), EngineError>>),
+}
+
+/// The state of all models, as last published by the scheduler thread.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// Every loaded model.
+    pub models: Vec<ModelSnapshot>,
+    /// Models being loaded now.
+    pub loading: u32,
+}
+
+/// A handle to the scheduler thread. Cheap to clone; the thread stops when the last
+/// handle is dropped and its running work is done.
+#[derive(Clone)]
+pub struct Scheduler {
+    commands: SyncSender<Command>,
+    snapshot: Arc<ArcSwap<Snapshot>>,
+}
+
+impl Scheduler {
+    /// Initializes llama.cpp and starts the scheduler thread with no model loaded.
+    pub fn start() -> Result<Self, EngineError> {
+        let (commands, receiver) = sync_channel(COMMAND_CAPACITY);
+        let snapshot = Arc::new(ArcSwap::from_pointee(Snapshot::default()));
+        let shared = snapshot.clone();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new().name("scheduler".into()).spawn(move || {
+            // The backend is created on this thread and never leaves it.
+            let mut backend = match LlamaBackend::init() {
+                Ok(backend) => backend,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(EngineError::Llama(e.to_string())));
+                    return;
+                }
+            };
+            backend.void_logs();
+            let _ = ready_tx.send(Ok(()));
+            worker::Worker::new(backend, receiver, shared).run();
+        })?;
+        ready_rx.recv().map_err(|_| EngineError::SchedulerGone)??;
+        Ok(Self { commands, snapshot })
+    }
+
+    /// Sends a job. Its events, errors included, arrive on the job's channel.
+    pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+        match self.commands.try_send(Command::Submit(job)) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => {
+                Err(ApiError::slot_unavailable("the engine is overloaded; retry later"))
+            }
+            Err(TrySendError::Disconnected(_)) => Err(EngineError::SchedulerGone.to_api()),
+        }
+    }
+
+    /// Loads a model and returns its id once it serves.
+    pub async fn load(&self, settings: ModelSettings) -> Result<String, EngineError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Load(settings, tx))?;
+        rx.await.map_err(|_| EngineError::SchedulerGone)?
+    }
+
+    /// Unloads a model; its running and queued requests fail with 503.
+    pub async fn unload(&self, id: String) -> Result<(), EngineError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Unload(id, tx))?;
+        rx.await.map_err(|_| EngineError::SchedulerGone)?
+    }
+
+    fn send(&self, cmd: Command) -> Result<(), EngineError> {
+        // Loads and unloads are rare; waiting for room on a blocking thread is fine.
+        match self.commands.try_send(cmd) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(cmd)) => {
+                let commands = self.commands.clone();
+                std::thread::spawn(move || {
+                    let _ = commands.send(cmd);
+                });
+                Ok(())
+            }
+            Err(TrySendError::Disconnected(_)) => Err(EngineError::SchedulerGone),
+        }
+    }
+
+    /// The state of all models as last published.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.snapshot.load_full()
+    }
+
+    /// A new job and the receiver of its events.
+    pub fn job(
+        model: String,
+        input: JobInput,
+        params: GenParams,
+    ) -> (Job, mpsc::UnboundedReceiver<Event>) {
+        let (events, rx) = mpsc::unbounded_channel();
+        (Job { model, input, params, events }, rx)
+    }
+}

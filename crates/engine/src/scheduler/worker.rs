@@ -1,0 +1,189 @@
+//! The scheduler thread: the one thread of the process that touches llama.cpp.
+//!
+//! It owns the backend, every model, context, batch and sampler. HTTP handlers
+//! reach it only through a bounded command channel and hear back on per-job
+//! channels. This is what makes the two-models-on-CUDA crash impossible: llama.cpp's
+//! GPU state (the CUDA memory pool, streams) is only ever driven from this thread.
+//!
+//! Loading a model also runs here, between two steps. The other models' sequences
+//! pause for the load (a fraction of a second for small models, seconds for large
+//! ones) and then resume where they were: their KV caches are untouched. Loading
+//! on a helper thread would overlap weight uploads with decodes of other contexts,
+//! which is the cross-thread use of llama.cpp's CUDA backend this design rules out.
+
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use llama_cpp_2::llama_backend::LlamaBackend;
+use slotgate_protocol::ApiError;
+use tokio::sync::oneshot;
+
+use super::job::{Event, Job};
+use super::model::{ModelRuntime, ModelSnapshot};
+use super::{Command, Snapshot};
+use crate::config::ModelSettings;
+use crate::error::EngineError;
+use crate::metrics as m;
+
+pub(super) struct Worker {
+    backend: LlamaBackend,
+    models: Vec<ModelRuntime>,
+    commands: Receiver<Command>,
+    snapshot: Arc<ArcSwap<Snapshot>>,
+    next_task: u64,
+    step_no: u64,
+    /// Where the fair round starts this step, so no model always goes first.
+    round: usize,
+}
+
+impl Worker {
+    pub fn new(
+        backend: LlamaBackend,
+        commands: Receiver<Command>,
+        snapshot: Arc<ArcSwap<Snapshot>>,
+    ) -> Self {
+        Self { backend, models: Vec::new(), commands, snapshot, next_task: 0, step_no: 0, round: 0 }
+    }
+
+    /// Runs until every command sender is gone.
+    pub fn run(mut self) {
+        loop {
+            let busy = self.models.iter().any(ModelRuntime::is_busy);
+            if !busy {
+                self.publish();
+                // Nothing to decode: sleep until a command arrives.
+                match self.commands.recv() {
+                    Ok(cmd) => self.handle(cmd),
+                    Err(_) => return,
+                }
+            }
+            loop {
+                match self.commands.try_recv() {
+                    Ok(cmd) => self.handle(cmd),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        if !self.models.iter().any(ModelRuntime::is_busy) {
+                            return;
+                        }
+                        break;
+                    }
+                }
+            }
+            self.step();
+        }
+    }
+
+    /// One step over every model, in a rotating order.
+    fn step(&mut self) {
+        self.step_no += 1;
+        let n = self.models.len();
+        if n == 0 {
+            return;
+        }
+        self.round = (self.round + 1) % n;
+        let started = Instant::now();
+        let mut in_llama = Duration::ZERO;
+        let mut decoded = false;
+        for k in 0..n {
+            let i = (self.round + k) % n;
+            let (did, spent) = self.models[i].step(self.step_no);
+            decoded |= did;
+            in_llama += spent;
+        }
+        self.publish();
+        if decoded {
+            let overhead = started.elapsed().saturating_sub(in_llama);
+            metrics::histogram!(m::STEP_OVERHEAD).record(overhead.as_secs_f64());
+        }
+    }
+
+    fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::Submit(job) => self.submit(job),
+            Command::Load(settings, reply) => self.load(settings, reply),
+            Command::Unload(id, reply) => {
+                let result = match self.models.iter().position(|m| m.id == id) {
+                    Some(i) => {
+                        let mut model = self.models.remove(i);
+                        model.fail_all(&ApiError::new(
+                            slotgate_protocol::ErrorType::UnavailableError,
+                            format!("model `{id}` was unloaded"),
+                        ));
+                        drop(model);
+                        tracing::info!(model = %id, "model unloaded");
+                        Ok(())
+                    }
+                    None => Err(EngineError::Api(ApiError::model_not_found(&id))),
+                };
+                self.publish();
+                let _ = reply.send(result);
+            }
+        }
+    }
+
+    fn submit(&mut self, job: Job) {
+        let Some(model) = self.models.iter_mut().find(|m| m.id == job.model) else {
+            let _ = job.events.send(Event::Error(ApiError::model_not_found(&job.model)));
+            return;
+        };
+        let events = job.events.clone();
+        let next_task = &mut self.next_task;
+        let mut next_id = || {
+            *next_task += 1;
+            *next_task
+        };
+        let tasks = match model.prepare(job, &mut next_id) {
+            Ok(tasks) => tasks,
+            Err(err) => {
+                let _ = events.send(Event::Error(err));
+                return;
+            }
+        };
+        if let Err((err, _)) = model.enqueue(tasks) {
+            let _ = events.send(Event::Error(err));
+        }
+    }
+
+    fn load(
+        &mut self,
+        settings: ModelSettings,
+        reply: oneshot::Sender<Result<String, EngineError>>,
+    ) {
+        let id = settings.id();
+        if self.models.iter().any(|m| m.id == id) {
+            let err =
+                ApiError::invalid("model_id", format!("a model named `{id}` is already loaded"));
+            let _ = reply.send(Err(err.into()));
+            return;
+        }
+        self.snapshot.rcu(|s| Snapshot { loading: s.loading + 1, ..(**s).clone() });
+        let started = Instant::now();
+        let result = ModelRuntime::load(&self.backend, settings);
+        self.snapshot.rcu(|s| Snapshot { loading: s.loading.saturating_sub(1), ..(**s).clone() });
+        let result = result.map(|model| {
+            tracing::info!(model = %model.id, elapsed = ?started.elapsed(), "load finished");
+            let id = model.id.clone();
+            self.models.push(model);
+            id
+        });
+        self.publish();
+        let _ = reply.send(result);
+    }
+
+    /// Publishes the state of every model for the HTTP side, and the gauges.
+    fn publish(&self) {
+        let models: Vec<ModelSnapshot> = self.models.iter().map(ModelRuntime::snapshot).collect();
+        for model in &models {
+            let busy = model.slots.iter().filter(|s| s.is_processing).count();
+            metrics::gauge!(m::SLOTS_TOTAL, "model" => model.id.clone())
+                .set(model.slots.len() as f64);
+            metrics::gauge!(m::SLOTS_BUSY, "model" => model.id.clone()).set(busy as f64);
+            metrics::gauge!(m::QUEUE_DEPTH, "model" => model.id.clone())
+                .set(model.queue_depth as f64);
+        }
+        let loading = self.snapshot.load().loading;
+        self.snapshot.store(Arc::new(Snapshot { models, loading }));
+    }
+}

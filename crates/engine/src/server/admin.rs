@@ -1,0 +1,164 @@
+//! `/v1/models`, model loading and unloading, `/health`, `/slots`, `/metrics`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use slotgate_protocol::{ApiError, ErrorType, Model, ModelList, SlotStatus};
+
+use super::body::JsonBody;
+use super::AppState;
+use crate::config::{reject_unknown_keys, ModelSettings};
+use crate::error::api_response;
+
+/// `GET /v1/models`.
+pub async fn models(State(state): State<AppState>) -> Json<ModelList> {
+    let snapshot = state.scheduler.snapshot();
+    Json(ModelList::new(
+        snapshot.models.iter().map(|m| Model::new(m.id.clone(), m.created, "slotgate")).collect(),
+    ))
+}
+
+/// `GET /health`: 200 when a model serves, 503 while loading or with none.
+pub async fn health(State(state): State<AppState>) -> Response {
+    let snapshot = state.scheduler.snapshot();
+    if !snapshot.models.is_empty() {
+        return Json(json!({"status": "ok"})).into_response();
+    }
+    let message = if snapshot.loading > 0 { "Loading model" } else { "no model is loaded" };
+    api_response(ApiError::new(ErrorType::UnavailableError, message))
+}
+
+/// Query of `GET /slots`.
+#[derive(Debug, Deserialize)]
+pub struct SlotsQuery {
+    model: Option<String>,
+    #[serde(default)]
+    fail_on_no_slot: Option<String>,
+}
+
+/// `GET /slots`: every slot, as llama.cpp's server lists them, each naming its model.
+pub async fn slots(State(state): State<AppState>, Query(q): Query<SlotsQuery>) -> Response {
+    let snapshot = state.scheduler.snapshot();
+    if let Some(model) = &q.model {
+        if !snapshot.models.iter().any(|m| &m.id == model) {
+            return api_response(ApiError::model_not_found(model));
+        }
+    }
+    let slots: Vec<SlotStatus> = snapshot
+        .models
+        .iter()
+        .filter(|m| q.model.as_ref().is_none_or(|want| &m.id == want))
+        .flat_map(|m| m.slots.iter().cloned())
+        .collect();
+    let fail = q.fail_on_no_slot.as_deref().is_some_and(|v| v == "1" || v == "true");
+    if fail && slots.iter().all(|s| s.is_processing) {
+        return api_response(ApiError::slot_unavailable("no slot is free"));
+    }
+    Json(slots).into_response()
+}
+
+/// `GET /metrics`: Prometheus text.
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render())
+        .into_response()
+}
+
+/// Names other servers use for the same settings, accepted in load bodies.
+const ALIASES: &[(&str, &str)] = &[
+    ("llama_model_path", "model"),
+    ("model_path", "model"),
+    ("path", "model"),
+    ("cpu_threads", "threads"),
+    ("n_batch", "batch_size"),
+    ("n_ctx", "ctx_len"),
+    ("system_prompt", "pre_prompt"),
+];
+
+/// `POST /v1/models/load` (and Nitro's `/inferences/llamacpp/loadmodel`): the
+/// settings of a model, with the engine's own settings as defaults.
+pub async fn load(
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<BTreeMap<String, Value>>,
+) -> Response {
+    let mut fields = serde_json::Map::new();
+    for (key, value) in body {
+        let key = ALIASES
+            .iter()
+            .find(|(alias, _)| *alias == key)
+            .map_or(key, |(_, name)| (*name).to_owned());
+        fields.insert(key, value);
+    }
+    let defaults = ModelSettings { model: None, model_id: None, ..state.config.model.clone() };
+    if let Err(err) = reject_unknown_keys(fields.keys().map(String::as_str), &defaults) {
+        return api_response(ApiError::invalid("body", err.to_string()));
+    }
+    let mut merged = serde_json::to_value(&defaults).unwrap_or_default();
+    for (k, v) in fields {
+        merged[k] = v;
+    }
+    let settings: ModelSettings = match serde_path_value(merged) {
+        Ok(s) => s,
+        Err(err) => return api_response(err),
+    };
+    if let Err(err) = settings.validate() {
+        let message = err.to_string();
+        let param = message.split(':').nth(1).map(str::trim).unwrap_or("model").to_owned();
+        return api_response(ApiError::invalid(param, message));
+    }
+    match state.scheduler.load(settings).await {
+        Ok(id) => {
+            Json(json!({"message": "Model loaded successfully", "model": id})).into_response()
+        }
+        Err(err) => err.into_response(),
+    }
+}
+
+fn serde_path_value(value: Value) -> Result<ModelSettings, ApiError> {
+    let bytes = serde_json::to_vec(&value).map_err(|_| ApiError::internal())?;
+    slotgate_protocol::parse_json(&bytes)
+}
+
+/// Body of an unload request.
+#[derive(Debug, Default, Deserialize)]
+pub struct UnloadBody {
+    model: Option<String>,
+    model_id: Option<String>,
+    llama_model_path: Option<PathBuf>,
+}
+
+/// `POST /v1/models/unload` (and Nitro's `unloadmodel`): `{"model": ID}`; with no
+/// id, the only loaded model.
+pub async fn unload(State(state): State<AppState>, body: axum::body::Bytes) -> Response {
+    let body: UnloadBody = if body.iter().all(u8::is_ascii_whitespace) {
+        UnloadBody::default()
+    } else {
+        match slotgate_protocol::parse_json(&body) {
+            Ok(b) => b,
+            Err(err) => return api_response(err),
+        }
+    };
+    let snapshot = state.scheduler.snapshot();
+    let id = match body.model.or(body.model_id) {
+        Some(id) => id,
+        None => match (body.llama_model_path, snapshot.models.as_slice()) {
+            (Some(path), _) => ModelSettings { model: Some(path), ..ModelSettings::default() }.id(),
+            (None, [only]) => only.id.clone(),
+            (None, _) => {
+                return api_response(ApiError::invalid("model", "name the model to unload"));
+            }
+        },
+    };
+    match state.scheduler.unload(id.clone()).await {
+        Ok(()) => {
+            (StatusCode::OK, Json(json!({"message": "Model unloaded successfully", "model": id})))
+                .into_response()
+        }
+        Err(err) => err.into_response(),
+    }
+}

@@ -1,0 +1,219 @@
+//! Writes a job's events as an OpenAI answer: collected into one JSON body, or
+//! streamed as server-sent events. The job is the same either way.
+
+use std::convert::Infallible;
+
+use axum::body::Body;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures::stream::{self, Stream, StreamExt};
+use slotgate_protocol::{sse, ApiError, FinishReason, Usage};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::scheduler::{ChoiceUsage, Event};
+
+/// The shape of a job's answer: how many choices, and how many per prompt.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    /// Choices in all (prompts × n).
+    pub choices: u32,
+    /// Choices per prompt (`n`).
+    pub n: u32,
+}
+
+/// Sums the usage of finished choices; a prompt's tokens count once, not once per
+/// sample.
+#[derive(Debug, Default)]
+pub struct UsageSum {
+    prompt: u32,
+    cached: u32,
+    completion: u32,
+}
+
+impl UsageSum {
+    /// Adds choice `index`.
+    pub fn add(&mut self, shape: Shape, index: u32, usage: ChoiceUsage) {
+        if index % shape.n == 0 {
+            self.prompt += usage.prompt_tokens;
+            self.cached += usage.cached_tokens;
+        }
+        self.completion += usage.completion_tokens;
+    }
+
+    /// The OpenAI usage object.
+    pub fn usage(&self) -> Usage {
+        Usage::new(self.prompt, self.completion, self.cached)
+    }
+}
+
+/// Every choice's text and finish reason, in index order.
+#[derive(Debug)]
+pub struct Collected {
+    /// Text per choice.
+    pub texts: Vec<String>,
+    /// Finish reason per choice.
+    pub reasons: Vec<FinishReason>,
+    /// Token counts.
+    pub usage: Usage,
+}
+
+/// Waits for the first event, so that an error (a full queue, a prompt too long)
+/// can still be sent with its own status instead of a 200.
+pub async fn first_event(rx: &mut UnboundedReceiver<Event>) -> Result<Event, ApiError> {
+    match rx.recv().await {
+        Some(Event::Error(err)) => Err(err),
+        Some(event) => Ok(event),
+        None => Err(ApiError::internal()),
+    }
+}
+
+/// Reads events until every choice is done.
+pub async fn collect(
+    first: Event,
+    mut rx: UnboundedReceiver<Event>,
+    shape: Shape,
+) -> Result<Collected, ApiError> {
+    let n = shape.choices as usize;
+    let mut texts = vec![String::new(); n];
+    let mut reasons = vec![None; n];
+    let mut usage = UsageSum::default();
+    let mut done = 0;
+    let mut next = Some(first);
+    while done < n {
+        let event = match next.take() {
+            Some(e) => e,
+            None => rx.recv().await.ok_or_else(ApiError::internal)?,
+        };
+        match event {
+            Event::Text { index, text } => texts[index as usize].push_str(&text),
+            Event::Done { index, reason, usage: u } => {
+                reasons[index as usize] = Some(reason);
+                usage.add(shape, index, u);
+                done += 1;
+            }
+            Event::Error(err) => return Err(err),
+        }
+    }
+    Ok(Collected {
+        texts,
+        reasons: reasons.into_iter().map(|r| r.unwrap_or(FinishReason::Stop)).collect(),
+        usage: usage.usage(),
+    })
+}
+
+/// How one kind of answer writes its chunks.
+pub trait ChunkWriter: Send + 'static {
+    /// The chunk that opens choice `index`, if this format has one.
+    fn open(&self, index: u32) -> Option<String>;
+    /// New text of a choice.
+    fn text(&self, index: u32, text: String) -> String;
+    /// The last chunk of a choice.
+    fn finish(&self, index: u32, reason: FinishReason) -> String;
+    /// The final usage chunk.
+    fn usage(&self, usage: Usage) -> String;
+}
+
+struct StreamState<W> {
+    rx: UnboundedReceiver<Event>,
+    pending: Option<Event>,
+    writer: W,
+    shape: Shape,
+    include_usage: bool,
+    opened: Vec<bool>,
+    done: u32,
+    usage: UsageSum,
+    ended: bool,
+}
+
+/// Streams the answer as server-sent events, ending with `data: [DONE]`. An error
+/// after the stream began is sent as a final `{"error": ...}` event.
+pub fn stream<W: ChunkWriter>(
+    first: Event,
+    rx: UnboundedReceiver<Event>,
+    writer: W,
+    shape: Shape,
+    include_usage: bool,
+) -> Response {
+    let state = StreamState {
+        rx,
+        pending: Some(first),
+        writer,
+        shape,
+        include_usage,
+        opened: vec![false; shape.choices as usize],
+        done: 0,
+        usage: UsageSum::default(),
+        ended: false,
+    };
+    let body = stream::unfold(state, |mut s| async move {
+        if s.ended {
+            return None;
+        }
+        let event = match s.pending.take() {
+            Some(e) => Some(e),
+            None => s.rx.recv().await,
+        };
+        let out = s.write(event);
+        Some((out, s))
+    })
+    .map(|chunk: String| Ok::<_, Infallible>(Bytes::from(chunk)));
+    sse_response(body)
+}
+
+impl<W: ChunkWriter> StreamState<W> {
+    fn write(&mut self, event: Option<Event>) -> String {
+        let mut out = String::new();
+        match event {
+            Some(Event::Text { index, text }) => {
+                self.open(index, &mut out);
+                out.push_str(&self.writer.text(index, text));
+            }
+            Some(Event::Done { index, reason, usage }) => {
+                self.open(index, &mut out);
+                out.push_str(&self.writer.finish(index, reason));
+                self.usage.add(self.shape, index, usage);
+                self.done += 1;
+                if self.done == self.shape.choices {
+                    if self.include_usage {
+                        out.push_str(&self.writer.usage(self.usage.usage()));
+                    }
+                    out.push_str(sse::DONE_EVENT);
+                    self.ended = true;
+                }
+            }
+            Some(Event::Error(err)) => {
+                out.push_str(&sse::encode(&err.into_envelope()));
+                self.ended = true;
+            }
+            None => {
+                out.push_str(&sse::encode(&ApiError::internal().into_envelope()));
+                self.ended = true;
+            }
+        }
+        out
+    }
+
+    fn open(&mut self, index: u32, out: &mut String) {
+        if let Some(opened) = self.opened.get_mut(index as usize) {
+            if !*opened {
+                *opened = true;
+                if let Some(chunk) = self.writer.open(index) {
+                    out.push_str(&chunk);
+                }
+            }
+        }
+    }
+}
+
+fn sse_response<S>(body: S) -> Response
+where
+    S: Stream<Item = Result<Bytes, Infallible>> + Send + 'static,
+{
+    let mut response = (StatusCode::OK, Body::from_stream(body)).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response
+}

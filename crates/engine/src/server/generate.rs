@@ -1,0 +1,253 @@
+//! `POST /v1/chat/completions`, `/v1/completions` and `/v1/embeddings`.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use slotgate_protocol::{
+    sse, ApiError, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk,
+    ChatCompletionRequest, ChunkChoice, Completion, CompletionChoice, CompletionRequest, Delta,
+    EmbeddingRequest, ErrorType, FinishReason, Role, Usage,
+};
+
+use super::answer::{self, ChunkWriter, Shape};
+use super::body::JsonBody;
+use super::AppState;
+use crate::error::api_response;
+use crate::metrics as m;
+use crate::scheduler::{GenParams, JobInput, Scheduler};
+
+/// OpenAI's default `max_tokens` for text completions.
+const COMPLETION_DEFAULT_MAX_TOKENS: u32 = 16;
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+fn count(model: &str, status: u16) {
+    metrics::counter!(m::REQUESTS, "model" => model.to_owned(), "status" => status.to_string())
+        .increment(1);
+}
+
+fn fail(model: &str, err: ApiError) -> Response {
+    count(model, err.status());
+    api_response(err)
+}
+
+/// Submits a job and waits for its first event; an error becomes the response.
+async fn run(
+    scheduler: &Scheduler,
+    model: &str,
+    input: JobInput,
+    params: GenParams,
+) -> Result<
+    (crate::scheduler::Event, tokio::sync::mpsc::UnboundedReceiver<crate::scheduler::Event>),
+    Response,
+> {
+    if !scheduler.snapshot().models.iter().any(|m| m.id == model) {
+        return Err(fail(model, ApiError::model_not_found(model)));
+    }
+    let (job, mut rx) = Scheduler::job(model.to_owned(), input, params);
+    scheduler.submit(job).map_err(|e| fail(model, e))?;
+    let first = answer::first_event(&mut rx).await.map_err(|e| fail(model, e))?;
+    Ok((first, rx))
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat(
+    State(state): State<AppState>,
+    JsonBody(req): JsonBody<ChatCompletionRequest>,
+) -> Response {
+    if let Err(err) = req.validate() {
+        return fail(&req.model, err);
+    }
+    let params = GenParams::from_sampling(&req.sampling, req.max_tokens());
+    let shape = Shape { choices: params.n, n: params.n };
+    let (first, rx) =
+        match run(&state.scheduler, &req.model, JobInput::Chat(req.messages), params).await {
+            Ok(x) => x,
+            Err(response) => return response,
+        };
+    let id = crate::ids::next("chatcmpl");
+    let created = now();
+    count(&req.model, 200);
+    if req.sampling.is_stream() {
+        let writer = ChatChunks { id, created, model: req.model };
+        return answer::stream(first, rx, writer, shape, req.sampling.include_usage());
+    }
+    match answer::collect(first, rx, shape).await {
+        Ok(done) => Json(ChatCompletion {
+            id,
+            object: "chat.completion".into(),
+            created,
+            model: req.model,
+            system_fingerprint: None,
+            choices: done
+                .texts
+                .into_iter()
+                .zip(done.reasons)
+                .enumerate()
+                .map(|(i, (text, reason))| ChatChoice {
+                    index: i as u32,
+                    message: AssistantMessage { role: Role::Assistant, content: Some(text) },
+                    logprobs: None,
+                    finish_reason: Some(reason),
+                })
+                .collect(),
+            usage: Some(done.usage),
+        })
+        .into_response(),
+        Err(err) => api_response(err),
+    }
+}
+
+struct ChatChunks {
+    id: String,
+    created: u64,
+    model: String,
+}
+
+impl ChatChunks {
+    fn chunk(&self, choices: Vec<ChunkChoice>, usage: Option<Usage>) -> String {
+        sse::encode(&ChatCompletionChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk".into(),
+            created: self.created,
+            model: self.model.clone(),
+            system_fingerprint: None,
+            choices,
+            usage,
+        })
+    }
+
+    fn delta(&self, index: u32, delta: Delta, finish_reason: Option<FinishReason>) -> String {
+        self.chunk(vec![ChunkChoice { index, delta, logprobs: None, finish_reason }], None)
+    }
+}
+
+impl ChunkWriter for ChatChunks {
+    fn open(&self, index: u32) -> Option<String> {
+        let delta = Delta { role: Some(Role::Assistant), content: Some(String::new()) };
+        Some(self.delta(index, delta, None))
+    }
+
+    fn text(&self, index: u32, text: String) -> String {
+        self.delta(index, Delta { role: None, content: Some(text) }, None)
+    }
+
+    fn finish(&self, index: u32, reason: FinishReason) -> String {
+        self.delta(index, Delta::default(), Some(reason))
+    }
+
+    fn usage(&self, usage: Usage) -> String {
+        self.chunk(Vec::new(), Some(usage))
+    }
+}
+
+/// `POST /v1/completions`.
+pub async fn completions(
+    State(state): State<AppState>,
+    JsonBody(req): JsonBody<CompletionRequest>,
+) -> Response {
+    if let Err(err) = req.validate() {
+        return fail(&req.model, err);
+    }
+    let max_tokens = req.max_tokens.unwrap_or(COMPLETION_DEFAULT_MAX_TOKENS);
+    let mut params = GenParams::from_sampling(&req.sampling, Some(max_tokens));
+    params.echo = req.echo.unwrap_or(false);
+    let items = req.prompt.items();
+    let shape = Shape { choices: items.len() as u32 * params.n, n: params.n };
+    let (first, rx) =
+        match run(&state.scheduler, &req.model, JobInput::Prompts(items), params).await {
+            Ok(x) => x,
+            Err(response) => return response,
+        };
+    let writer =
+        CompletionChunks { id: crate::ids::next("cmpl"), created: now(), model: req.model.clone() };
+    count(&req.model, 200);
+    if req.sampling.is_stream() {
+        return answer::stream(first, rx, writer, shape, req.sampling.include_usage());
+    }
+    match answer::collect(first, rx, shape).await {
+        Ok(done) => {
+            let choices = done
+                .texts
+                .into_iter()
+                .zip(done.reasons)
+                .enumerate()
+                .map(|(i, (text, reason))| writer.choice(i as u32, text, Some(reason)))
+                .collect();
+            Json(writer.completion(choices, Some(done.usage))).into_response()
+        }
+        Err(err) => api_response(err),
+    }
+}
+
+struct CompletionChunks {
+    id: String,
+    created: u64,
+    model: String,
+}
+
+impl CompletionChunks {
+    fn choice(
+        &self,
+        index: u32,
+        text: String,
+        finish_reason: Option<FinishReason>,
+    ) -> CompletionChoice {
+        CompletionChoice { text, index, logprobs: None, finish_reason }
+    }
+
+    fn completion(&self, choices: Vec<CompletionChoice>, usage: Option<Usage>) -> Completion {
+        Completion {
+            id: self.id.clone(),
+            object: "text_completion".into(),
+            created: self.created,
+            model: self.model.clone(),
+            system_fingerprint: None,
+            choices,
+            usage,
+        }
+    }
+}
+
+impl ChunkWriter for CompletionChunks {
+    fn open(&self, _index: u32) -> Option<String> {
+        None
+    }
+
+    fn text(&self, index: u32, text: String) -> String {
+        sse::encode(&self.completion(vec![self.choice(index, text, None)], None))
+    }
+
+    fn finish(&self, index: u32, reason: FinishReason) -> String {
+        sse::encode(&self.completion(vec![self.choice(index, String::new(), Some(reason))], None))
+    }
+
+    fn usage(&self, usage: Usage) -> String {
+        sse::encode(&self.completion(Vec::new(), Some(usage)))
+    }
+}
+
+/// `POST /v1/embeddings`.
+pub async fn embeddings(
+    State(state): State<AppState>,
+    JsonBody(req): JsonBody<EmbeddingRequest>,
+) -> Response {
+    if let Err(err) = req.validate() {
+        return fail(&req.model, err);
+    }
+    if !state.scheduler.snapshot().models.iter().any(|m| m.id == req.model) {
+        return fail(&req.model, ApiError::model_not_found(&req.model));
+    }
+    fail(
+        &req.model,
+        ApiError::new(
+            ErrorType::InvalidRequestError,
+            format!("embeddings are not served for model `{}` by this engine", req.model),
+        )
+        .with_param("model"),
+    )
+}

@@ -1,0 +1,257 @@
+//! `POST /v1/chat/completions`: the request, the answer, and its streamed chunks.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::common::{FinishReason, Sampling, Usage};
+
+/// Who wrote a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Instructions from the application.
+    System,
+    /// Instructions from the developer (the newer name for `system`).
+    Developer,
+    /// The end user.
+    User,
+    /// The model.
+    Assistant,
+    /// The result of a tool call.
+    Tool,
+}
+
+impl Role {
+    /// The role's name as sent on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::System => "system",
+            Self::Developer => "developer",
+            Self::User => "user",
+            Self::Assistant => "assistant",
+            Self::Tool => "tool",
+        }
+    }
+}
+
+/// One part of a message whose content is an array. Only `text` parts are used; the
+/// others are kept as sent so that validation can name them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContentPart {
+    /// `text`, `image_url`, `input_audio`, `file`, `refusal`, ...
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The text of a `text` part.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// Every other field of the part, as sent.
+    #[serde(flatten)]
+    pub rest: Map<String, Value>,
+}
+
+impl ContentPart {
+    /// A text part.
+    pub fn text(text: impl Into<String>) -> Self {
+        Self { kind: "text".into(), text: Some(text.into()), rest: Map::new() }
+    }
+}
+
+/// The content of a message: a string or an array of parts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    /// Plain text.
+    Text(String),
+    /// An array of typed parts.
+    Parts(Vec<ContentPart>),
+}
+
+impl MessageContent {
+    /// The text of the message: the string, or its text parts joined. Other parts
+    /// are rejected by validation before this is called.
+    pub fn to_text(&self) -> String {
+        match self {
+            Self::Text(s) => s.clone(),
+            Self::Parts(parts) => parts.iter().filter_map(|p| p.text.as_deref()).collect(),
+        }
+    }
+}
+
+/// One message of a conversation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// Who wrote it.
+    pub role: Role,
+    /// What it says; may be absent on an assistant message that only calls tools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<MessageContent>,
+    /// A participant name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Tool calls of an assistant message, kept as sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Value>,
+    /// The call a tool message answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+impl ChatMessage {
+    /// A message with text content.
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
+        Self {
+            role,
+            content: Some(MessageContent::Text(content.into())),
+            name: None,
+            tool_calls: None,
+            tool_call_id: None,
+        }
+    }
+
+    /// The message's text, empty when it has none.
+    pub fn text(&self) -> String {
+        self.content.as_ref().map(MessageContent::to_text).unwrap_or_default()
+    }
+}
+
+/// `response_format`: what shape the answer must take.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResponseFormat {
+    /// `text`, `json_object` or `json_schema`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The schema of `json_schema`, and anything else sent.
+    #[serde(flatten)]
+    pub rest: Map<String, Value>,
+}
+
+/// The body of `POST /v1/chat/completions`. Fields this server does not know are
+/// accepted and ignored, as OpenAI-compatible servers do.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatCompletionRequest {
+    /// The model to use.
+    pub model: String,
+    /// The conversation so far.
+    pub messages: Vec<ChatMessage>,
+    /// Most tokens to generate (legacy name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// Most tokens to generate; wins over `max_tokens`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_completion_tokens: Option<u32>,
+    /// The shape of the answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<ResponseFormat>,
+    /// Sampling and streaming settings.
+    #[serde(flatten)]
+    pub sampling: Sampling,
+}
+
+impl ChatCompletionRequest {
+    /// A request with defaults for everything but the model and the messages.
+    pub fn new(model: impl Into<String>, messages: Vec<ChatMessage>) -> Self {
+        Self {
+            model: model.into(),
+            messages,
+            max_tokens: None,
+            max_completion_tokens: None,
+            response_format: None,
+            sampling: Sampling::default(),
+        }
+    }
+
+    /// The token limit the client asked for, if any.
+    pub fn max_tokens(&self) -> Option<u32> {
+        self.max_completion_tokens.or(self.max_tokens)
+    }
+}
+
+/// A message written by the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AssistantMessage {
+    /// Always `assistant`.
+    pub role: Role,
+    /// The generated text.
+    pub content: Option<String>,
+}
+
+/// One choice of a chat answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatChoice {
+    /// Its place among the choices: prompt-major, then sample.
+    pub index: u32,
+    /// The generated message.
+    pub message: AssistantMessage,
+    /// Log probabilities; not produced, always null.
+    #[serde(default)]
+    pub logprobs: Option<Value>,
+    /// Why generation stopped.
+    pub finish_reason: Option<FinishReason>,
+}
+
+/// The answer to a non-streamed chat request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatCompletion {
+    /// `chatcmpl-...`, unique.
+    pub id: String,
+    /// Always `chat.completion`.
+    pub object: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// The model that answered.
+    pub model: String,
+    /// An identifier of the server's configuration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_fingerprint: Option<String>,
+    /// The choices, in index order.
+    pub choices: Vec<ChatChoice>,
+    /// Token counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// What a streamed chunk adds to a choice.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Delta {
+    /// Sent once, in the first chunk of a choice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<Role>,
+    /// New text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+/// One choice inside a streamed chunk.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChunkChoice {
+    /// The choice this delta belongs to.
+    pub index: u32,
+    /// What it adds.
+    pub delta: Delta,
+    /// Log probabilities; not produced, always null.
+    #[serde(default)]
+    pub logprobs: Option<Value>,
+    /// Set on the last chunk of the choice.
+    pub finish_reason: Option<FinishReason>,
+}
+
+/// One server-sent event of a streamed chat answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatCompletionChunk {
+    /// The same id in every chunk of one answer.
+    pub id: String,
+    /// Always `chat.completion.chunk`.
+    pub object: String,
+    /// Unix seconds, the same in every chunk.
+    pub created: u64,
+    /// The model that answers.
+    pub model: String,
+    /// An identifier of the server's configuration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_fingerprint: Option<String>,
+    /// Usually one choice; empty in the final usage chunk.
+    pub choices: Vec<ChunkChoice>,
+    /// Set only in the final chunk when `stream_options.include_usage` is true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}

@@ -1,0 +1,157 @@
+//! Pieces shared by the chat, completion and embedding requests and responses.
+
+use serde::{Deserialize, Serialize};
+
+/// One stop sequence or several.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    /// A single stop string.
+    One(String),
+    /// Up to four stop strings.
+    Many(Vec<String>),
+}
+
+impl Stop {
+    /// The stop strings as a list.
+    pub fn to_vec(&self) -> Vec<String> {
+        match self {
+            Self::One(s) => vec![s.clone()],
+            Self::Many(v) => v.clone(),
+        }
+    }
+}
+
+/// `stream_options` of a streamed request.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StreamOptions {
+    /// Send one last chunk, with no choices, that carries the usage of the request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub include_usage: Option<bool>,
+}
+
+/// Why a choice stopped generating.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// An end-of-generation token or a stop string.
+    Stop,
+    /// `max_tokens` or the end of the context.
+    Length,
+    /// The model called a tool.
+    ToolCalls,
+    /// Output was withheld by a content filter.
+    ContentFilter,
+}
+
+/// Token counts of a request.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Tokens in the prompt (all prompts, for several).
+    pub prompt_tokens: u32,
+    /// Tokens generated (all choices together).
+    #[serde(default)]
+    pub completion_tokens: u32,
+    /// The sum of the two.
+    pub total_tokens: u32,
+    /// Details of the prompt tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+impl Usage {
+    /// Usage from prompt and generated counts, with the number of prompt tokens
+    /// served from the prompt cache.
+    pub fn new(prompt_tokens: u32, completion_tokens: u32, cached_tokens: u32) -> Self {
+        Self {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: Some(PromptTokensDetails { cached_tokens }),
+        }
+    }
+}
+
+/// How many prompt tokens were reused from the cache.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens that were already in the slot's KV cache and not decoded again.
+    #[serde(default)]
+    pub cached_tokens: u32,
+}
+
+/// Sampling settings shared by chat and text completions. Each is optional; the
+/// server's defaults apply to those left out.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Sampling {
+    /// Randomness, 0 to 2; 0 is greedy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    /// Nucleus sampling mass, 0 to 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f32>,
+    /// Keep only the k most likely tokens (llama.cpp extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<i32>,
+    /// Minimum probability relative to the best token (llama.cpp extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_p: Option<f32>,
+    /// How many choices to generate for each prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n: Option<u32>,
+    /// Stream the answer as server-sent events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<bool>,
+    /// Options of a streamed answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_options: Option<StreamOptions>,
+    /// Up to four strings that end generation; they are not part of the output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<Stop>,
+    /// Seed of the sampler: the same seed gives the same output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<i64>,
+    /// Penalty for tokens already present, -2 to 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub presence_penalty: Option<f32>,
+    /// Penalty growing with a token's count so far, -2 to 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frequency_penalty: Option<f32>,
+    /// Bias added to the logits of token ids (keys are token ids as strings), -100 to 100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logit_bias: Option<std::collections::BTreeMap<String, f32>>,
+    /// An end-user id, passed through for logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+}
+
+impl Sampling {
+    /// Whether the answer is streamed.
+    pub fn is_stream(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+
+    /// Whether a streamed answer ends with a usage chunk.
+    pub fn include_usage(&self) -> bool {
+        self.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false)
+    }
+
+    /// The number of choices per prompt.
+    pub fn n(&self) -> u32 {
+        self.n.unwrap_or(1)
+    }
+
+    /// The stop strings, empty when none.
+    pub fn stop_strings(&self) -> Vec<String> {
+        self.stop.as_ref().map(Stop::to_vec).unwrap_or_default()
+    }
+
+    /// `logit_bias` as (token id, bias) pairs. Keys were checked by validation.
+    pub fn logit_bias_pairs(&self) -> Vec<(i32, f32)> {
+        self.logit_bias
+            .iter()
+            .flatten()
+            .filter_map(|(k, v)| k.parse().ok().map(|id| (id, *v)))
+            .collect()
+    }
+}

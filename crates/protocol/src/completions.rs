@@ -1,0 +1,119 @@
+//! `POST /v1/completions`: the legacy text completion request and its answer.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::common::{FinishReason, Sampling, Usage};
+
+/// The prompt of a text completion: text or token ids, one or several.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    /// One text prompt.
+    Text(String),
+    /// Several text prompts.
+    Texts(Vec<String>),
+    /// One prompt as token ids.
+    Tokens(Vec<u32>),
+    /// Several prompts as token ids.
+    TokenArrays(Vec<Vec<u32>>),
+}
+
+/// One prompt after the array forms are taken apart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PromptItem {
+    /// Text, to be tokenized.
+    Text(String),
+    /// Token ids, used as they are.
+    Tokens(Vec<u32>),
+}
+
+impl Prompt {
+    /// The prompts, in the order their choices are indexed.
+    pub fn items(&self) -> Vec<PromptItem> {
+        match self {
+            Self::Text(s) => vec![PromptItem::Text(s.clone())],
+            Self::Texts(v) => v.iter().cloned().map(PromptItem::Text).collect(),
+            Self::Tokens(t) => vec![PromptItem::Tokens(t.clone())],
+            Self::TokenArrays(v) => v.iter().cloned().map(PromptItem::Tokens).collect(),
+        }
+    }
+}
+
+/// The body of `POST /v1/completions`. Unknown fields are accepted and ignored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompletionRequest {
+    /// The model to use.
+    pub model: String,
+    /// The prompt or prompts.
+    pub prompt: Prompt,
+    /// Most tokens to generate per choice (OpenAI's default is 16).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// Put the prompt in front of the generated text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub echo: Option<bool>,
+    /// Text after the insertion point (fill-in-the-middle); not supported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suffix: Option<String>,
+    /// Log probabilities of the top tokens; not supported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<u32>,
+    /// Generate this many and return the best `n`; only `best_of == n` is supported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_of: Option<u32>,
+    /// Sampling and streaming settings.
+    #[serde(flatten)]
+    pub sampling: Sampling,
+}
+
+impl CompletionRequest {
+    /// A request with defaults for everything but the model and the prompt.
+    pub fn new(model: impl Into<String>, prompt: Prompt) -> Self {
+        Self {
+            model: model.into(),
+            prompt,
+            max_tokens: None,
+            echo: None,
+            suffix: None,
+            logprobs: None,
+            best_of: None,
+            sampling: Sampling::default(),
+        }
+    }
+}
+
+/// One choice of a text completion, streamed or not.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompletionChoice {
+    /// The generated text (or, streamed, the new part of it).
+    pub text: String,
+    /// Its place among the choices: prompt-major, then sample.
+    pub index: u32,
+    /// Log probabilities; not produced, always null.
+    #[serde(default)]
+    pub logprobs: Option<Value>,
+    /// Why generation stopped; null until the last chunk of a stream.
+    pub finish_reason: Option<FinishReason>,
+}
+
+/// The answer to a text completion, and also each chunk of a streamed one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Completion {
+    /// `cmpl-...`, unique.
+    pub id: String,
+    /// Always `text_completion`.
+    pub object: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// The model that answered.
+    pub model: String,
+    /// An identifier of the server's configuration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_fingerprint: Option<String>,
+    /// The choices.
+    pub choices: Vec<CompletionChoice>,
+    /// Token counts; in a stream only in the final usage chunk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}

@@ -1,0 +1,124 @@
+//! The OpenAI error envelope, `{"error":{"message","type","param","code"}}`, and the
+//! error this crate returns when a request fails validation.
+
+use serde::{Deserialize, Serialize};
+
+/// The `type` of an error, which OpenAI clients branch on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorType {
+    /// The request is malformed or asks for something impossible (400).
+    InvalidRequestError,
+    /// The model or resource does not exist (404).
+    NotFoundError,
+    /// Missing or wrong credentials (401).
+    AuthenticationError,
+    /// Too many requests (429).
+    RateLimitError,
+    /// The server is full or loading and the request may be retried (503).
+    UnavailableError,
+    /// The prompt does not fit the context (400), as llama.cpp's server names it.
+    ExceedContextSizeError,
+    /// Something failed inside the server (500).
+    ServerError,
+    /// A type this crate does not know, as sent by some other server.
+    #[serde(other)]
+    Unknown,
+}
+
+impl ErrorType {
+    /// The HTTP status that carries this type of error.
+    pub fn status(self) -> u16 {
+        match self {
+            Self::InvalidRequestError | Self::ExceedContextSizeError => 400,
+            Self::AuthenticationError => 401,
+            Self::NotFoundError => 404,
+            Self::RateLimitError => 429,
+            Self::UnavailableError => 503,
+            Self::ServerError | Self::Unknown => 500,
+        }
+    }
+}
+
+/// The error code sent when every slot and the queue are full, or a queued request
+/// waited too long. A gateway retries such a request elsewhere.
+pub const SLOT_UNAVAILABLE: &str = "slot_unavailable";
+
+/// One error as a client sees it: the inside of the envelope.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{message}")]
+pub struct ApiError {
+    /// A sentence for people, naming the problem.
+    pub message: String,
+    /// The class of error.
+    #[serde(rename = "type")]
+    pub kind: ErrorType,
+    /// The request parameter at fault, as a path such as `messages[0].content`.
+    pub param: Option<String>,
+    /// A machine-readable code such as `slot_unavailable`.
+    pub code: Option<String>,
+}
+
+impl ApiError {
+    /// An error of the given type with no parameter or code.
+    pub fn new(kind: ErrorType, message: impl Into<String>) -> Self {
+        Self { message: message.into(), kind, param: None, code: None }
+    }
+
+    /// A 400 naming the parameter at fault.
+    pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::new(ErrorType::InvalidRequestError, message).with_param(param)
+    }
+
+    /// A 404 for a model this server does not serve.
+    pub fn model_not_found(model: &str) -> Self {
+        Self::new(ErrorType::NotFoundError, format!("The model `{model}` does not exist"))
+            .with_param("model")
+            .with_code("model_not_found")
+    }
+
+    /// A 503 saying that no slot is free and the queue cannot take the request.
+    pub fn slot_unavailable(message: impl Into<String>) -> Self {
+        Self::new(ErrorType::UnavailableError, message).with_code(SLOT_UNAVAILABLE)
+    }
+
+    /// A 500 whose details stay in the server's log.
+    pub fn internal() -> Self {
+        Self::new(ErrorType::ServerError, "internal server error")
+    }
+
+    /// Sets `param`.
+    pub fn with_param(mut self, param: impl Into<String>) -> Self {
+        self.param = Some(param.into());
+        self
+    }
+
+    /// Sets `code`.
+    pub fn with_code(mut self, code: impl Into<String>) -> Self {
+        self.code = Some(code.into());
+        self
+    }
+
+    /// The HTTP status for this error.
+    pub fn status(&self) -> u16 {
+        self.kind.status()
+    }
+
+    /// Whether another server may succeed where this one refused: the error says the
+    /// server was busy or loading, not that the request is wrong.
+    pub fn is_retryable(&self) -> bool {
+        self.kind == ErrorType::UnavailableError
+    }
+
+    /// Wraps the error in its envelope.
+    pub fn into_envelope(self) -> ErrorEnvelope {
+        ErrorEnvelope { error: self }
+    }
+}
+
+/// The body of every error response: `{"error": {...}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorEnvelope {
+    /// The error itself.
+    pub error: ApiError,
+}

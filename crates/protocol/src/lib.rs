@@ -1,0 +1,32 @@
+//! The OpenAI wire format as slotgate speaks it: requests, responses, streamed chunks,
+//! the error envelope, validation, and the engine's slot-status document.
+//!
+//! Pure types and functions; no I/O. Requests accept what the official SDKs send,
+//! unknown fields included (they are ignored); responses are what they parse.
+
+pub mod chat;
+pub mod common;
+pub mod completions;
+pub mod embeddings;
+pub mod error;
+pub mod models;
+pub mod parse;
+pub mod slots;
+pub mod sse;
+pub mod validate;
+
+pub use chat::{
+    AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
+    ChatMessage, ChunkChoice, ContentPart, Delta, MessageContent, ResponseFormat, Role,
+};
+pub use common::{FinishReason, PromptTokensDetails, Sampling, Stop, StreamOptions, Usage};
+pub use completions::{Completion, CompletionChoice, CompletionRequest, Prompt, PromptItem};
+pub use embeddings::{
+    Embedding, EmbeddingInput, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage,
+    EmbeddingVector, EncodingFormat,
+};
+pub use error::{ApiError, ErrorEnvelope, ErrorType, SLOT_UNAVAILABLE};
+pub use models::{Model, ModelList};
+pub use parse::parse_json;
+pub use slots::{SlotCounts, SlotStatus};
+pub use sse::{SseDecoder, SseEvent};

@@ -1,0 +1,57 @@
+//! The slot-status document of `GET /slots`, with the fields of llama.cpp's own server
+//! (`id`, `id_task`, `n_ctx`, `is_processing`) so that a gateway can front both.
+
+use serde::{Deserialize, Serialize};
+
+/// The state of one slot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotStatus {
+    /// The slot's number within its model (llama.cpp numbers from 0).
+    pub id: u32,
+    /// The task running in the slot, -1 when idle.
+    #[serde(default = "no_task")]
+    pub id_task: i64,
+    /// Context size of the slot, in tokens.
+    #[serde(default)]
+    pub n_ctx: u32,
+    /// Whether a request is running in the slot.
+    pub is_processing: bool,
+    /// The model the slot belongs to; llama.cpp's server leaves it out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Tokens held in the slot's cache (prompt and generated).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_cached: Option<u32>,
+}
+
+fn no_task() -> i64 {
+    -1
+}
+
+/// Counts of a set of slots.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SlotCounts {
+    /// All slots.
+    pub total: u32,
+    /// Slots running a request.
+    pub busy: u32,
+}
+
+impl SlotCounts {
+    /// Counts the slots of `model`, or all slots when `model` is `None`. Slots that
+    /// name no model (llama.cpp's server) count for every model.
+    pub fn of(slots: &[SlotStatus], model: Option<&str>) -> Self {
+        let mut counts = Self::default();
+        for slot in slots {
+            let matches = match (model, slot.model.as_deref()) {
+                (Some(want), Some(have)) => want == have,
+                _ => true,
+            };
+            if matches {
+                counts.total += 1;
+                counts.busy += u32::from(slot.is_processing);
+            }
+        }
+        counts
+    }
+}

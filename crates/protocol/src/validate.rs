@@ -1,0 +1,232 @@
+//! Checks of a parsed request that serde cannot express. Each failure names the
+//! parameter and the reason, as OpenAI does: `temperature must be between 0 and 2`.
+
+use crate::chat::{ChatCompletionRequest, MessageContent, Role};
+use crate::common::Sampling;
+use crate::completions::{CompletionRequest, Prompt};
+use crate::embeddings::{EmbeddingInput, EmbeddingRequest};
+use crate::error::ApiError;
+
+/// Most choices per prompt, as OpenAI allows.
+pub const MAX_N: u32 = 128;
+/// Most stop sequences, as OpenAI allows.
+pub const MAX_STOP: usize = 4;
+/// Most inputs in one embeddings request, as OpenAI allows.
+pub const MAX_EMBEDDING_INPUTS: usize = 2048;
+
+type Check = Result<(), ApiError>;
+
+fn range(param: &str, value: Option<f32>, min: f32, max: f32) -> Check {
+    match value {
+        Some(v) if !(min..=max).contains(&v) => Err(ApiError::invalid(
+            param,
+            format!("{param} must be between {min} and {max}, got {v}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn at_least_one(param: &str, value: Option<u32>) -> Check {
+    match value {
+        Some(0) => Err(ApiError::invalid(param, format!("{param} must be at least 1"))),
+        _ => Ok(()),
+    }
+}
+
+impl Sampling {
+    /// Checks the sampling settings.
+    pub fn validate(&self) -> Check {
+        range("temperature", self.temperature, 0.0, 2.0)?;
+        range("top_p", self.top_p, 0.0, 1.0)?;
+        range("min_p", self.min_p, 0.0, 1.0)?;
+        range("presence_penalty", self.presence_penalty, -2.0, 2.0)?;
+        range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)?;
+        if let Some(k) = self.top_k.filter(|k| *k < 0) {
+            return Err(ApiError::invalid("top_k", format!("top_k must be at least 0, got {k}")));
+        }
+        at_least_one("n", self.n)?;
+        if let Some(n) = self.n.filter(|n| *n > MAX_N) {
+            return Err(ApiError::invalid("n", format!("n must be at most {MAX_N}, got {n}")));
+        }
+        if self.stream_options.is_some() && !self.is_stream() {
+            return Err(ApiError::invalid(
+                "stream_options",
+                "stream_options is only allowed when stream is true",
+            ));
+        }
+        let stops = self.stop_strings();
+        if stops.len() > MAX_STOP {
+            return Err(ApiError::invalid(
+                "stop",
+                format!("stop must hold at most {MAX_STOP} sequences, got {}", stops.len()),
+            ));
+        }
+        if stops.iter().any(String::is_empty) {
+            return Err(ApiError::invalid("stop", "stop sequences must not be empty"));
+        }
+        for (token, bias) in self.logit_bias.iter().flatten() {
+            if token.parse::<u32>().is_err() {
+                return Err(ApiError::invalid(
+                    "logit_bias",
+                    format!("logit_bias keys must be token ids, got `{token}`"),
+                ));
+            }
+            if !(-100.0..=100.0).contains(bias) {
+                return Err(ApiError::invalid(
+                    "logit_bias",
+                    format!("logit_bias values must be between -100 and 100, got {bias} for token {token}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ChatCompletionRequest {
+    /// Checks the request; the error names the first parameter at fault.
+    pub fn validate(&self) -> Check {
+        if self.model.is_empty() {
+            return Err(ApiError::invalid("model", "model must not be empty"));
+        }
+        if self.messages.is_empty() {
+            return Err(ApiError::invalid(
+                "messages",
+                "messages must contain at least one message",
+            ));
+        }
+        for (i, message) in self.messages.iter().enumerate() {
+            match &message.content {
+                None if message.role != Role::Assistant => {
+                    return Err(ApiError::invalid(
+                        format!("messages[{i}].content"),
+                        format!(
+                            "messages[{i}].content is required for {} messages",
+                            message.role.as_str()
+                        ),
+                    ));
+                }
+                Some(MessageContent::Parts(parts)) => {
+                    for (j, part) in parts.iter().enumerate() {
+                        let param = format!("messages[{i}].content[{j}]");
+                        if part.kind != "text" {
+                            return Err(ApiError::invalid(
+                                &param,
+                                format!(
+                                    "{param}: content part type `{}` is not supported by this server; only `text` parts are",
+                                    part.kind
+                                ),
+                            ));
+                        }
+                        if part.text.is_none() {
+                            return Err(ApiError::invalid(
+                                format!("{param}.text"),
+                                format!("{param}.text is required for text parts"),
+                            ));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        at_least_one("max_tokens", self.max_tokens)?;
+        at_least_one("max_completion_tokens", self.max_completion_tokens)?;
+        if let Some(format) = &self.response_format {
+            if format.kind != "text" {
+                return Err(ApiError::invalid(
+                    "response_format.type",
+                    format!(
+                        "response_format type `{}` is not supported yet; use `text`",
+                        format.kind
+                    ),
+                ));
+            }
+        }
+        self.sampling.validate()
+    }
+}
+
+impl CompletionRequest {
+    /// Checks the request; the error names the first parameter at fault.
+    pub fn validate(&self) -> Check {
+        if self.model.is_empty() {
+            return Err(ApiError::invalid("model", "model must not be empty"));
+        }
+        let empty = match &self.prompt {
+            Prompt::Text(_) => false,
+            Prompt::Texts(v) => v.is_empty(),
+            Prompt::Tokens(t) => t.is_empty(),
+            Prompt::TokenArrays(v) => v.is_empty() || v.iter().any(Vec::is_empty),
+        };
+        if empty {
+            return Err(ApiError::invalid("prompt", "prompt must not be empty"));
+        }
+        at_least_one("max_tokens", self.max_tokens)?;
+        if self.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+            return Err(ApiError::invalid("suffix", "suffix is not supported by this server"));
+        }
+        if self.logprobs.is_some_and(|l| l > 0) {
+            return Err(ApiError::invalid("logprobs", "logprobs is not supported by this server"));
+        }
+        if let Some(best_of) = self.best_of {
+            if best_of != self.sampling.n() {
+                return Err(ApiError::invalid(
+                    "best_of",
+                    "best_of is not supported by this server unless it equals n",
+                ));
+            }
+        }
+        self.sampling.validate()
+    }
+}
+
+impl EmbeddingRequest {
+    /// Checks the request; the error names the first parameter at fault.
+    pub fn validate(&self) -> Check {
+        if self.model.is_empty() {
+            return Err(ApiError::invalid("model", "model must not be empty"));
+        }
+        let count = match &self.input {
+            EmbeddingInput::Text(s) => {
+                if s.is_empty() {
+                    return Err(ApiError::invalid("input", "input must not be empty"));
+                }
+                1
+            }
+            EmbeddingInput::Texts(v) => {
+                if let Some(i) = v.iter().position(String::is_empty) {
+                    return Err(ApiError::invalid(
+                        format!("input[{i}]"),
+                        format!("input[{i}] must not be empty"),
+                    ));
+                }
+                v.len()
+            }
+            EmbeddingInput::Tokens(t) => usize::from(!t.is_empty()),
+            EmbeddingInput::TokenArrays(v) => {
+                if let Some(i) = v.iter().position(Vec::is_empty) {
+                    return Err(ApiError::invalid(
+                        format!("input[{i}]"),
+                        format!("input[{i}] must not be empty"),
+                    ));
+                }
+                v.len()
+            }
+        };
+        if count == 0 {
+            return Err(ApiError::invalid("input", "input must not be empty"));
+        }
+        if count > MAX_EMBEDDING_INPUTS {
+            return Err(ApiError::invalid(
+                "input",
+                format!("input must hold at most {MAX_EMBEDDING_INPUTS} items, got {count}"),
+            ));
+        }
+        if self.dimensions.is_some() {
+            return Err(ApiError::invalid(
+                "dimensions",
+                "dimensions is not supported by this server",
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,1 @@
+//! End-to-end tests that start the real slotgate binaries live in `tests/`.
