@@ -1,1 +1,194 @@
-//! End-to-end tests that start the real slotgate binaries live in `tests/`.
+//! Helpers for end-to-end tests: start the real binaries on the real default model,
+//! talk to them over HTTP, and stop them when the test ends.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::Value;
+use slotgate_protocol::SseDecoder;
+
+/// The default model, fetched by `scripts/fetch-model`.
+pub fn model_path() -> PathBuf {
+    let path = std::env::var_os("SLOTGATE_TEST_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("models/gemma-3-270m-q4_k_m.gguf"));
+    assert!(path.is_file(), "{} is missing: run scripts/fetch-model", path.display());
+    path
+}
+
+/// The id the engine gives the default model.
+pub const MODEL: &str = "gemma-3-270m-q4_k_m";
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A binary of this workspace, built next to the running test.
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let path = dir.join(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: build it with cargo build --bin {name}",
+        path.display()
+    );
+    path
+}
+
+/// A process started by a test, killed when dropped.
+pub struct Process {
+    child: Child,
+    /// `http://127.0.0.1:PORT`, from the line the process printed when ready.
+    pub url: String,
+}
+
+impl Process {
+    /// Starts `binary` with `args` and waits (at most 120 s) for its
+    /// `listening on http://ADDR` line.
+    pub fn start(binary: &Path, args: &[&str]) -> Self {
+        let mut child = Command::new(binary)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(addr) = line.strip_prefix("listening on ") {
+                    let _ = tx.send(addr.to_owned());
+                }
+            }
+        });
+        match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(url) => Self { child, url },
+            Err(_) => {
+                let _ = child.kill();
+                let status = child.wait();
+                panic!("{} did not print its address: {status:?}", binary.display());
+            }
+        }
+    }
+
+    /// Kills the process now, as a crash would.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Starts an engine on the default model with two threads and the given flags.
+pub fn engine(args: &[&str]) -> Process {
+    let model = model_path();
+    let mut all =
+        vec!["--model", model.to_str().expect("utf-8 path"), "--port", "0", "--threads", "2"];
+    all.extend_from_slice(args);
+    Process::start(&binary("slotgate-engine"), &all)
+}
+
+/// A client with a bound on every request.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(120)).build().expect("client")
+}
+
+/// Posts JSON; returns the status and the body as JSON (`Null` if it is not).
+pub async fn post(client: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
+    let response = client.post(url).json(body).send().await.expect("request");
+    let status = response.status().as_u16();
+    let text = response.text().await.expect("body");
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+/// Gets JSON.
+pub async fn get(client: &reqwest::Client, url: &str) -> (u16, Value) {
+    let response = client.get(url).send().await.expect("request");
+    let status = response.status().as_u16();
+    let text = response.text().await.expect("body");
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+/// A streamed answer, read to its end.
+#[derive(Debug, Default)]
+pub struct Streamed {
+    /// The `data:` payloads before `[DONE]`, parsed.
+    pub chunks: Vec<Value>,
+    /// Whether `[DONE]` came.
+    pub done: bool,
+}
+
+impl Streamed {
+    /// The text of choice `index`, joined from chat deltas or completion chunks.
+    pub fn text(&self, index: u64) -> String {
+        self.chunks
+            .iter()
+            .flat_map(|c| c["choices"].as_array().cloned().unwrap_or_default())
+            .filter(|c| c["index"].as_u64() == Some(index))
+            .filter_map(|c| {
+                c["delta"]["content"].as_str().or(c["text"].as_str()).map(str::to_owned)
+            })
+            .collect()
+    }
+
+    /// The finish reason of choice `index`.
+    pub fn finish_reason(&self, index: u64) -> Option<String> {
+        self.chunks
+            .iter()
+            .flat_map(|c| c["choices"].as_array().cloned().unwrap_or_default())
+            .filter(|c| c["index"].as_u64() == Some(index))
+            .find_map(|c| c["finish_reason"].as_str().map(str::to_owned))
+    }
+}
+
+/// Posts a streamed request; returns the status and, on 200, the stream read to
+/// its end (at most `limit`).
+pub async fn stream(client: &reqwest::Client, url: &str, body: &Value) -> (u16, Streamed) {
+    let response = client.post(url).json(body).send().await.expect("request");
+    let status = response.status().as_u16();
+    let mut out = Streamed::default();
+    if status != 200 {
+        return (status, out);
+    }
+    let mut decoder = SseDecoder::new();
+    let mut bytes = response.bytes_stream();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while let Some(chunk) = bytes.next().await {
+        assert!(Instant::now() < deadline, "stream did not end in time");
+        for event in decoder.push(&chunk.expect("stream chunk")) {
+            if event.is_done() {
+                out.done = true;
+            } else {
+                out.chunks.push(serde_json::from_str(&event.data).expect("chunk is JSON"));
+            }
+        }
+    }
+    (status, out)
+}
+
+/// Polls `check` every 20 ms until it is true or `limit` passes.
+pub async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}

@@ -311,7 +311,12 @@ impl EngineConfig {
         let err = |e: figment::Error| EngineError::Config(e.to_string());
         let server: ServerSettings = figment.extract().map_err(err)?;
         let model: ModelSettings = figment.extract().map_err(err)?;
-        let config = Self { host: server.host, port: server.port, max_body_bytes: server.max_body_bytes, model };
+        let config = Self {
+            host: server.host,
+            port: server.port,
+            max_body_bytes: server.max_body_bytes,
+            model,
+        };
         config.validate()?;
         Ok(config)
     }

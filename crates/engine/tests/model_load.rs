@@ -7,7 +7,8 @@ use llama_cpp_2::model::LlamaModel;
 
 fn model_path() -> std::path::PathBuf {
     let path = std::env::var_os("SLOTGATE_TEST_MODEL").map(Into::into).unwrap_or_else(|| {
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/gemma-3-270m-q4_k_m.gguf")
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../models/gemma-3-270m-q4_k_m.gguf")
     });
     assert!(path.is_file(), "{} is missing: run scripts/fetch-model", path.display());
     path
@@ -17,7 +18,8 @@ fn model_path() -> std::path::PathBuf {
 fn default_model_loads_and_tokenizes() {
     let mut backend = LlamaBackend::init().unwrap();
     backend.void_logs();
-    let model = LlamaModel::load_from_file(&backend, model_path(), &LlamaModelParams::default()).unwrap();
+    let model =
+        LlamaModel::load_from_file(&backend, model_path(), &LlamaModelParams::default()).unwrap();
     assert_eq!(model.meta_val_str("general.architecture").unwrap(), "gemma3");
     assert_eq!(model.n_vocab(), 262_144);
 

@@ -123,6 +123,11 @@ pub struct Sampling {
     /// An end-user id, passed through for logs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// Reuse the slot's cached prompt prefix (llama.cpp extension, default true).
+    /// Logits are not bit-identical across batch shapes, so a seeded request is
+    /// reproducible token for token only with the cache off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_prompt: Option<bool>,
 }
 
 impl Sampling {

@@ -78,6 +78,7 @@ fn sampling() -> impl Strategy<Value = Sampling> {
                 frequency_penalty: p.1.map(|v| v - 1.0),
                 logit_bias: bias.map(|m| m.into_iter().map(|(k, v)| (k, v as f32)).collect()),
                 user,
+                cache_prompt: None,
             }
         })
 }

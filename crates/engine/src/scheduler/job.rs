@@ -47,6 +47,8 @@ pub struct GenParams {
     pub logit_bias: Vec<(i32, f32)>,
     /// Send the prompt before the generated text (text completions).
     pub echo: bool,
+    /// Reuse the longest cached prefix of the prompt.
+    pub cache_prompt: bool,
 }
 
 impl Default for GenParams {
@@ -65,6 +67,7 @@ impl Default for GenParams {
             frequency_penalty: 0.0,
             logit_bias: Vec::new(),
             echo: false,
+            cache_prompt: true,
         }
     }
 }
@@ -86,6 +89,7 @@ impl GenParams {
             frequency_penalty: sampling.frequency_penalty.unwrap_or(0.0),
             logit_bias: sampling.logit_bias_pairs(),
             echo: false,
+            cache_prompt: sampling.cache_prompt.unwrap_or(true),
         }
     }
 }

@@ -305,8 +305,11 @@ impl ModelRuntime {
         let n_vocab = self.n_vocab;
         let slot = &mut self.slots[i];
         // At least one prompt token is decoded again, to get logits to sample from.
-        let mut keep =
-            super::slot::common_prefix(&slot.cache, &task.prompt).min(task.prompt.len() - 1);
+        let mut keep = if task.params.cache_prompt {
+            super::slot::common_prefix(&slot.cache, &task.prompt).min(task.prompt.len() - 1)
+        } else {
+            0
+        };
         let removed = self.loaded.with_dependent_mut(|_, ctx| {
             ctx.clear_kv_cache_seq(Some(slot.id), Some(keep as u32), None).unwrap_or(false)
         });

@@ -1,0 +1,503 @@
+//! The engine, started as a binary on the real default model.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::{json, Value};
+use slotgate_tests::*;
+
+fn chat_body(content: &str, max_tokens: u32, stream: bool) -> Value {
+    json!({"model": MODEL, "messages": [{"role": "user", "content": content}],
+           "max_tokens": max_tokens, "stream": stream, "temperature": 0})
+}
+
+fn assert_envelope(body: &Value, kind: &str) {
+    let err = &body["error"];
+    assert_eq!(err["type"], kind, "{body}");
+    assert!(err["message"].as_str().is_some_and(|m| !m.is_empty()), "{body}");
+    assert!(err.get("param").is_some() && err.get("code").is_some(), "{body}");
+}
+
+/// The first seed bug: a long stream, a plain request while it runs, then another
+/// stream, all in one engine with a single slot and a queue. All succeed.
+#[tokio::test]
+async fn non_streamed_request_during_a_stream_waits_and_succeeds() {
+    let engine = engine(&["--n-parallel", "1", "--ctx-len", "512", "--queue-size", "4"]);
+    let client = client();
+    let url = format!("{}/v1/chat/completions", engine.url);
+
+    let long = tokio::spawn({
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            stream(&client, &url, &chat_body("Tell me a long story about the sea.", 80, true)).await
+        }
+    });
+    // Let the stream take the slot first.
+    let slots_url = format!("{}/slots", engine.url);
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            get(&client, &slots_url).await.1[0]["is_processing"] == json!(true)
+        })
+        .await
+    );
+    let plain = tokio::spawn({
+        let (client, url) = (client.clone(), url.clone());
+        async move { post(&client, &url, &chat_body("What is two plus two?", 8, false)).await }
+    });
+    let second = tokio::spawn({
+        let (client, url) = (client.clone(), url.clone());
+        async move { stream(&client, &url, &chat_body("Name a color.", 8, true)).await }
+    });
+
+    let (status, long) = long.await.unwrap();
+    assert_eq!(status, 200);
+    assert!(long.done, "first stream ended with [DONE]");
+    assert_eq!(long.finish_reason(0).as_deref(), Some("length"));
+    let (status, plain) = plain.await.unwrap();
+    assert_eq!(status, 200, "{plain}");
+    assert_eq!(plain["object"], "chat.completion");
+    assert_eq!(plain["usage"]["completion_tokens"], 8);
+    let (status, second) = second.await.unwrap();
+    assert_eq!(status, 200);
+    assert!(second.done);
+}
+
+#[tokio::test]
+async fn full_queue_is_a_clean_503_with_retry_after() {
+    let engine = engine(&["--n-parallel", "1", "--ctx-len", "512", "--queue-size", "0"]);
+    let client = client();
+    let url = format!("{}/v1/chat/completions", engine.url);
+    let running = tokio::spawn({
+        let (client, url) = (client.clone(), url.clone());
+        async move { stream(&client, &url, &chat_body("Count to one hundred.", 60, true)).await }
+    });
+    let slots_url = format!("{}/slots", engine.url);
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            get(&client, &slots_url).await.1[0]["is_processing"] == json!(true)
+        })
+        .await
+    );
+    for stream_it in [false, true] {
+        let response = client.post(&url).json(&chat_body("Hi", 4, stream_it)).send().await.unwrap();
+        assert_eq!(response.status().as_u16(), 503);
+        assert_eq!(response.headers()["retry-after"], "1");
+        let body: Value = response.json().await.unwrap();
+        assert_envelope(&body, "unavailable_error");
+        assert_eq!(body["error"]["code"], "slot_unavailable");
+    }
+    let (status, done) = running.await.unwrap();
+    assert_eq!((status, done.done), (200, true), "the running stream was not disturbed");
+}
+
+#[tokio::test]
+async fn queued_request_that_waits_too_long_gets_503() {
+    let engine = engine(&[
+        "--n-parallel",
+        "1",
+        "--ctx-len",
+        "512",
+        "--queue-size",
+        "4",
+        "--queue-timeout-ms",
+        "300",
+    ]);
+    let client = client();
+    let url = format!("{}/v1/chat/completions", engine.url);
+    let running = tokio::spawn({
+        let (client, url) = (client.clone(), url.clone());
+        async move { stream(&client, &url, &chat_body("Count to one hundred.", 150, true)).await }
+    });
+    let slots_url = format!("{}/slots", engine.url);
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            get(&client, &slots_url).await.1[0]["is_processing"] == json!(true)
+        })
+        .await
+    );
+    let started = Instant::now();
+    let (status, body) = post(&client, &url, &chat_body("Hi", 4, false)).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "slot_unavailable");
+    assert!(body["error"]["message"].as_str().unwrap().contains("queue_timeout_ms"), "{body}");
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    let (status, done) = running.await.unwrap();
+    assert_eq!((status, done.done), (200, true));
+}
+
+#[tokio::test]
+async fn client_disconnect_frees_the_slot_and_clears_its_cache() {
+    let engine = engine(&["--n-parallel", "1", "--ctx-len", "1024"]);
+    let client = client();
+    let url = format!("{}/v1/chat/completions", engine.url);
+    let response = client
+        .post(&url)
+        .json(&chat_body("Tell me a very long story.", 900, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.bytes_stream();
+    let first = body.next().await.unwrap().unwrap();
+    assert!(first.starts_with(b"data: "));
+    let slots_url = format!("{}/slots", engine.url);
+    assert_eq!(get(&client, &slots_url).await.1[0]["is_processing"], true);
+    drop(body);
+
+    let freed = eventually(Duration::from_secs(10), || async {
+        let slot = get(&client, &slots_url).await.1[0].clone();
+        slot["is_processing"] == json!(false) && slot["n_cached"] == json!(0)
+    })
+    .await;
+    assert!(freed, "slot still busy or cached: {}", get(&client, &slots_url).await.1);
+    let metrics =
+        client.get(format!("{}/metrics", engine.url)).send().await.unwrap().text().await.unwrap();
+    assert!(
+        metrics.contains("slotgate_engine_cancelled_total{model=\"gemma-3-270m-q4_k_m\"} 1"),
+        "{metrics}"
+    );
+    let (status, _) = post(&client, &url, &chat_body("Hi", 4, false)).await;
+    assert_eq!(status, 200, "the freed slot serves the next request");
+}
+
+/// The third seed bug: concurrent callers with several prompts and `n > 1` each get
+/// their own answers, every choice at the index of its prompt and sample.
+#[tokio::test]
+async fn choices_carry_the_index_of_their_prompt_under_concurrency() {
+    let engine = engine(&["--n-parallel", "4", "--ctx-len", "256", "--batch-size", "256"]);
+    let client = client();
+    let url = format!("{}/v1/completions", engine.url);
+    let mut calls = Vec::new();
+    for caller in 0..4u64 {
+        let (client, url) = (client.clone(), url.clone());
+        calls.push(tokio::spawn(async move {
+            // Each prompt counts on from its own number; its answer names the next.
+            let bases: Vec<u64> = (0..3).map(|p| 10 * (caller + 1) + 100 * p).collect();
+            let prompts: Vec<String> =
+                bases.iter().map(|b| format!("{}, {}, {}, {},", b, b + 1, b + 2, b + 3)).collect();
+            let body = json!({"model": MODEL, "prompt": prompts, "n": 2, "max_tokens": 6,
+                              "temperature": 0, "stream": caller % 2 == 1});
+            let texts: Vec<String> = if caller % 2 == 1 {
+                let (status, s) = stream(&client, &url, &body).await;
+                assert_eq!(status, 200);
+                assert!(s.done);
+                let ids: HashSet<_> = s.chunks.iter().map(|c| c["id"].clone()).collect();
+                assert_eq!(ids.len(), 1, "one id per stream");
+                (0..6).map(|i| s.text(i)).collect()
+            } else {
+                let (status, r) = post(&client, &url, &body).await;
+                assert_eq!(status, 200, "{r}");
+                let choices = r["choices"].as_array().unwrap();
+                assert_eq!(choices.len(), 6);
+                for (i, c) in choices.iter().enumerate() {
+                    assert_eq!(c["index"], i, "choices are in index order");
+                }
+                choices.iter().map(|c| c["text"].as_str().unwrap().to_owned()).collect()
+            };
+            for (i, text) in texts.iter().enumerate() {
+                let want = bases[i / 2] + 4;
+                assert!(
+                    text.trim_start().starts_with(&want.to_string()),
+                    "caller {caller} choice {i}: {text:?} should continue with {want}"
+                );
+            }
+            caller
+        }));
+    }
+    for call in calls {
+        call.await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn stop_strings_max_tokens_usage_and_seeds() {
+    let engine = engine(&["--n-parallel", "2", "--ctx-len", "256"]);
+    let client = client();
+    let url = format!("{}/v1/completions", engine.url);
+
+    // A stop string ends the text before it, streamed or not, and never leaks.
+    let body = json!({"model": MODEL, "prompt": "1, 2, 3, 4,", "max_tokens": 12, "temperature": 0, "stop": [" 7"]});
+    let (status, r) = post(&client, &url, &body).await;
+    assert_eq!(status, 200, "{r}");
+    let text = r["choices"][0]["text"].as_str().unwrap();
+    assert_eq!(r["choices"][0]["finish_reason"], "stop");
+    assert!(text.contains('5') && !text.contains('7'), "{text:?}");
+    let mut streamed_body = body.clone();
+    streamed_body["stream"] = json!(true);
+    let (_, s) = stream(&client, &url, &streamed_body).await;
+    assert_eq!(s.text(0), text, "streamed text equals the plain text");
+    assert_eq!(s.finish_reason(0).as_deref(), Some("stop"));
+
+    // max_tokens: exactly that many tokens, finish_reason length.
+    let body =
+        json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 7, "temperature": 0});
+    let (_, r) = post(&client, &url, &body).await;
+    assert_eq!(r["choices"][0]["finish_reason"], "length");
+    assert_eq!(r["usage"]["completion_tokens"], 7);
+    let prompt_tokens = r["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(r["usage"]["total_tokens"], prompt_tokens + 7);
+
+    // A prompt of token ids counts exactly those tokens.
+    let body = json!({"model": MODEL, "prompt": [2, 818, 5279, 529, 496, 990], "max_tokens": 2, "temperature": 0});
+    let (status, r) = post(&client, &url, &body).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["usage"]["prompt_tokens"], 6);
+
+    // The same seed gives the same text at temperature 1; the seed matters. The
+    // prompt cache is off: logits are not bit-identical across batch shapes (as in
+    // llama.cpp's server), so only a fresh decode is reproducible token for token.
+    let seeded = |seed: u64| {
+        json!({"model": MODEL, "prompt": "My favourite animal is", "max_tokens": 16,
+                                    "temperature": 1.0, "seed": seed, "cache_prompt": false})
+    };
+    let a = post(&client, &url, &seeded(7)).await.1["choices"][0]["text"].clone();
+    for _ in 0..2 {
+        let b = post(&client, &url, &seeded(7)).await.1["choices"][0]["text"].clone();
+        assert_eq!(a, b, "same seed, same text");
+    }
+    let mut texts = HashSet::new();
+    for seed in 1..=4u64 {
+        texts.insert(post(&client, &url, &seeded(seed)).await.1["choices"][0]["text"].to_string());
+    }
+    assert!(texts.len() > 1, "four seeds gave one text: {texts:?}");
+}
+
+#[tokio::test]
+async fn context_limits_prompt_too_long_and_generation_to_the_end() {
+    let engine = engine(&["--n-parallel", "1", "--ctx-len", "64"]);
+    let client = client();
+    let url = format!("{}/v1/completions", engine.url);
+    let long = "word ".repeat(200);
+    let (status, r) = post(&client, &url, &json!({"model": MODEL, "prompt": long})).await;
+    assert_eq!(status, 400, "{r}");
+    assert_envelope(&r, "exceed_context_size_error");
+    let message = r["error"]["message"].as_str().unwrap();
+    assert!(message.contains("202 tokens") && message.contains("holds 64"), "{message}");
+
+    // With no max_tokens limit, generation stops at the end of the slot's context.
+    let body = json!({"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 1000, "temperature": 0});
+    let (status, r) = post(&client, &url, &body).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["choices"][0]["finish_reason"], "length");
+    let total = r["usage"]["total_tokens"].as_u64().unwrap();
+    assert!((60..=65).contains(&total), "prompt and answer fill the context: {total}");
+}
+
+#[tokio::test]
+async fn multi_turn_chat_reuses_the_cached_prompt() {
+    let engine = engine(&["--n-parallel", "2", "--ctx-len", "512"]);
+    let client = client();
+    let url = format!("{}/v1/chat/completions", engine.url);
+    let mut messages =
+        vec![json!({"role": "user", "content": "Describe a lighthouse in two sentences."})];
+    let (_, first) = post(
+        &client,
+        &url,
+        &json!({"model": MODEL, "messages": messages, "max_tokens": 30, "temperature": 0}),
+    )
+    .await;
+    let first_prompt = first["usage"]["prompt_tokens"].as_u64().unwrap();
+    messages
+        .push(json!({"role": "assistant", "content": first["choices"][0]["message"]["content"]}));
+    messages.push(json!({"role": "user", "content": "Now describe a harbour."}));
+    let (_, second) = post(
+        &client,
+        &url,
+        &json!({"model": MODEL, "messages": messages, "max_tokens": 10, "temperature": 0}),
+    )
+    .await;
+    let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    let prompt = second["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(
+        cached >= first_prompt,
+        "turn two reused {cached} of {prompt} tokens; turn one's prompt had {first_prompt}"
+    );
+    assert!(cached < prompt);
+    let metrics =
+        client.get(format!("{}/metrics", engine.url)).send().await.unwrap().text().await.unwrap();
+    for name in [
+        "slotgate_engine_slots_total",
+        "slotgate_engine_slots_busy",
+        "slotgate_engine_queue_depth",
+        "slotgate_engine_requests_total",
+        "slotgate_engine_prompt_tokens_total",
+        "slotgate_engine_prompt_tokens_cached_total",
+        "slotgate_engine_generated_tokens_total",
+        "slotgate_engine_time_to_first_token_seconds_bucket",
+        "slotgate_engine_time_per_output_token_seconds_bucket",
+        "slotgate_engine_queue_wait_seconds_bucket",
+    ] {
+        assert!(metrics.contains(&format!("{name}{{")), "{name} missing from /metrics");
+    }
+    assert!(
+        metrics.contains(&format!(
+            "slotgate_engine_prompt_tokens_cached_total{{model=\"{MODEL}\"}} {cached}"
+        )),
+        "{metrics}"
+    );
+}
+
+/// Bad input gets a 4xx in the envelope while other clients stream undisturbed.
+#[tokio::test]
+async fn bad_input_is_refused_while_others_stream() {
+    let engine = engine(&["--n-parallel", "2", "--ctx-len", "256", "--max-body-bytes", "4096"]);
+    let client = client();
+    let chat = format!("{}/v1/chat/completions", engine.url);
+    let streams: Vec<_> = (0..2)
+        .map(|i| {
+            let (client, url) = (client.clone(), chat.clone());
+            tokio::spawn(async move {
+                stream(&client, &url, &chat_body(&format!("Story number {i}:"), 40, true)).await
+            })
+        })
+        .collect();
+    let raw = |body: &'static str| {
+        let (client, url) = (client.clone(), chat.clone());
+        async move {
+            let r = client
+                .post(&url)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let cases: Vec<(u16, Value, &str, Option<&str>)> = vec![
+        {
+            let (s, b) = raw("{not json").await;
+            (s, b, "invalid_request_error", None)
+        },
+        {
+            let (s, b) = raw(r#"{"model":5,"messages":[]}"#).await;
+            (s, b, "invalid_request_error", Some("model"))
+        },
+        {
+            let (s, b) = post(
+                &client,
+                &chat,
+                &json!({"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]}),
+            )
+            .await;
+            (s, b, "not_found_error", Some("model"))
+        },
+        {
+            let (s, b) = post(
+                &client,
+                &chat,
+                &json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 0}),
+            )
+            .await;
+            (s, b, "invalid_request_error", Some("n"))
+        },
+        {
+            let (s, b) = post(&client, &chat, &json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 0})).await;
+            (s, b, "invalid_request_error", Some("max_tokens"))
+        },
+        {
+            let (s, b) = post(&client, &chat, &json!({"model": MODEL, "messages": []})).await;
+            (s, b, "invalid_request_error", Some("messages"))
+        },
+        {
+            let (s, b) = post(&client, &chat, &json!({"model": MODEL, "messages": [{"role": "user", "content": "x".repeat(5000)}]})).await;
+            (s, b, "invalid_request_error", None)
+        },
+        {
+            let (s, b) = post(&client, &chat, &json!({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]})).await;
+            (s, b, "invalid_request_error", Some("messages[0].content[0]"))
+        },
+    ];
+    for (i, (status, body, kind, param)) in cases.iter().enumerate() {
+        assert!((400..500).contains(status), "case {i}: {status} {body}");
+        assert_envelope(body, kind);
+        if let Some(param) = param {
+            assert_eq!(body["error"]["param"], *param, "case {i}: {body}");
+        }
+    }
+    assert_eq!(cases[6].0, 413, "an oversized body is 413");
+    let (status, body) = get(&client, &format!("{}/v1/nothing", engine.url)).await;
+    assert_eq!(status, 404);
+    assert_envelope(&body, "not_found_error");
+    for s in streams {
+        let (status, s) = s.await.unwrap();
+        assert_eq!(status, 200);
+        assert!(s.done, "stream finished");
+        assert_eq!(s.finish_reason(0).as_deref(), Some("length"));
+    }
+}
+
+#[tokio::test]
+async fn models_load_and_unload_at_run_time() {
+    let engine = engine(&["--n-parallel", "1", "--ctx-len", "256"]);
+    let client = client();
+    let model = model_path();
+    let load = format!("{}/v1/models/load", engine.url);
+
+    // A missing file is a clear 400 and the loaded model keeps serving.
+    let (status, body) =
+        post(&client, &load, &json!({"model": "/nonexistent/x.gguf", "model_id": "x"})).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("/nonexistent/x.gguf"), "{body}");
+    let not_gguf =
+        std::env::temp_dir().join(format!("slotgate-not-a-model-{}.gguf", std::process::id()));
+    std::fs::write(&not_gguf, b"this is not a model").unwrap();
+    let (status, body) =
+        post(&client, &load, &json!({"model": not_gguf, "model_id": "junk"})).await;
+    std::fs::remove_file(&not_gguf).unwrap();
+    assert_eq!(status, 400, "{body}");
+
+    // Nitro's body form loads a second copy under another name.
+    let (status, body) = post(
+        &client,
+        &format!("{}/inferences/llamacpp/loadmodel", engine.url),
+        &json!({"llama_model_path": model, "model_id": "second", "ctx_len": 256, "n_parallel": 1}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (_, models) = get(&client, &format!("{}/v1/models", engine.url)).await;
+    let ids: HashSet<_> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ids, HashSet::from([MODEL.to_owned(), "second".to_owned()]));
+
+    // Both models answer at once, from the one scheduler thread.
+    let url = format!("{}/v1/chat/completions", engine.url);
+    let calls: Vec<_> = [MODEL, "second", MODEL, "second"]
+        .into_iter()
+        .map(|m| {
+            let (client, url) = (client.clone(), url.clone());
+            let body = json!({"model": m, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 12, "stream": true});
+            tokio::spawn(async move { (m, stream(&client, &url, &body).await) })
+        })
+        .collect();
+    for call in calls {
+        let (m, (status, s)) = call.await.unwrap();
+        assert_eq!(status, 200);
+        assert!(s.done);
+        assert_eq!(s.chunks[0]["model"], m);
+    }
+    let (_, slots) = get(&client, &format!("{}/slots?model=second", engine.url)).await;
+    assert_eq!(slots.as_array().unwrap().len(), 1);
+    assert_eq!(slots[0]["model"], "second");
+
+    let (status, _) =
+        post(&client, &format!("{}/v1/models/unload", engine.url), &json!({"model": "second"}))
+            .await;
+    assert_eq!(status, 200);
+    let (status, body) = post(
+        &client,
+        &url,
+        &json!({"model": "second", "messages": [{"role": "user", "content": "x"}]}),
+    )
+    .await;
+    assert_eq!(status, 404, "{body}");
+    let (status, _) = post(&client, &url, &chat_body("Hi", 3, false)).await;
+    assert_eq!(status, 200);
+    let (status, health) = get(&client, &format!("{}/health", engine.url)).await;
+    assert_eq!((status, health), (200, json!({"status": "ok"})));
+}
