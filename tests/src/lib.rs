@@ -192,3 +192,28 @@ where
     }
     false
 }
+
+/// Runs `tests/clients/SCRIPT` with the Python that has OpenAI's SDK (set up by
+/// `scripts/test`), with `args`; returns its combined output, failing on a non-zero exit.
+pub fn python_client(script: &str, args: &[&str]) -> String {
+    let python = std::env::var_os("SLOTGATE_TEST_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join(".venv/bin/python"));
+    assert!(
+        python.is_file(),
+        "{} is missing: run scripts/test, which installs the openai package",
+        python.display()
+    );
+    let output = Command::new(&python)
+        .arg(workspace().join("tests/clients").join(script))
+        .args(args)
+        .output()
+        .expect("run python");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "{script} failed:\n{text}");
+    text
+}

@@ -501,3 +501,68 @@ async fn models_load_and_unload_at_run_time() {
     let (status, health) = get(&client, &format!("{}/health", engine.url)).await;
     assert_eq!((status, health), (200, json!({"status": "ok"})));
 }
+
+#[tokio::test]
+async fn openai_python_sdk_chats_streamed_and_not() {
+    let engine = engine(&["--n-parallel", "2", "--ctx-len", "256"]);
+    let out = tokio::task::spawn_blocking(move || {
+        let out = python_client("openai_client.py", &[&engine.url, MODEL]);
+        drop(engine);
+        out
+    })
+    .await
+    .unwrap();
+    assert!(out.contains("openai sdk: ok"), "{out}");
+}
+
+#[tokio::test]
+async fn embeddings_in_both_encodings() {
+    let engine = engine(&["--n-parallel", "1", "--ctx-len", "256", "--embedding", "true"]);
+    let client = client();
+    let url = format!("{}/v1/embeddings", engine.url);
+    let body = json!({"model": MODEL, "input": ["a cat", "a dog", "a cat"]});
+    let (status, r) = post(&client, &url, &body).await;
+    assert_eq!(status, 200, "{r}");
+    let data = r["data"].as_array().unwrap();
+    assert_eq!(data.len(), 3);
+    let vectors: Vec<Vec<f64>> = data
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            assert_eq!(d["index"], i);
+            d["embedding"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
+        })
+        .collect();
+    assert_eq!(vectors[0].len(), 640, "Gemma 3 270M is 640 wide");
+    let norm: f64 = vectors[0].iter().map(|x| x * x).sum::<f64>().sqrt();
+    assert!((norm - 1.0).abs() < 1e-3, "normalized: {norm}");
+    assert_eq!(vectors[0], vectors[2], "same input, same vector");
+    assert_ne!(vectors[0], vectors[1]);
+    assert!(r["usage"]["prompt_tokens"].as_u64().unwrap() >= 6);
+
+    let (_, b64) = post(
+        &client,
+        &url,
+        &json!({"model": MODEL, "input": "a cat", "encoding_format": "base64"}),
+    )
+    .await;
+    let encoded: slotgate_protocol::EmbeddingVector =
+        serde_json::from_value(b64["data"][0]["embedding"].clone()).unwrap();
+    assert!(matches!(encoded, slotgate_protocol::EmbeddingVector::Base64(_)));
+    let floats: Vec<f64> = encoded.to_floats().unwrap().into_iter().map(f64::from).collect();
+    assert_eq!(floats.len(), 640);
+    assert!(floats.iter().zip(&vectors[0]).all(|(a, b)| (a - b).abs() < 1e-6));
+}
+
+#[tokio::test]
+async fn embeddings_are_refused_when_not_enabled() {
+    let engine = engine(&["--n-parallel", "1", "--ctx-len", "128"]);
+    let (status, r) = post(
+        &client(),
+        &format!("{}/v1/embeddings", engine.url),
+        &json!({"model": MODEL, "input": "x"}),
+    )
+    .await;
+    assert_eq!(status, 400, "{r}");
+    assert!(r["error"]["message"].as_str().unwrap().contains("embedding"), "{r}");
+}

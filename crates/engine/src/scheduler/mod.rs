@@ -4,6 +4,7 @@
 //! Every request, streamed or not, becomes the same [`Job`]; the same queue and the
 //! same decode loop run it. Only the response writer differs.
 
+mod embed;
 mod job;
 mod model;
 mod sampler;
@@ -33,8 +34,19 @@ const COMMAND_CAPACITY: usize = 1024;
 /// Commands to the scheduler thread.
 pub(crate) enum Command {
     Submit(Job),
+    Embed(EmbedJob),
     Load(ModelSettings, oneshot::Sender<Result<String, EngineError>>),
     Unload(String, oneshot::Sender<Result<(), EngineError>>),
+}
+
+/// An embeddings request: the inputs, and where the vectors go.
+pub struct EmbedJob {
+    /// The model asked for.
+    pub model: String,
+    /// The inputs, in the order of the answer.
+    pub inputs: Vec<slotgate_protocol::PromptItem>,
+    /// Each input's vector and token count, or why there are none.
+    pub reply: oneshot::Sender<Result<Vec<(Vec<f32>, u32)>, ApiError>>,
 }
 
 /// The state of all models, as last published by the scheduler thread.
@@ -87,6 +99,23 @@ impl Scheduler {
             }
             Err(TrySendError::Disconnected(_)) => Err(EngineError::SchedulerGone.to_api()),
         }
+    }
+
+    /// Embeds inputs with a model whose embeddings are enabled.
+    pub async fn embed(
+        &self,
+        model: String,
+        inputs: Vec<slotgate_protocol::PromptItem>,
+    ) -> Result<Vec<(Vec<f32>, u32)>, ApiError> {
+        let (reply, rx) = oneshot::channel();
+        match self.commands.try_send(Command::Embed(EmbedJob { model, inputs, reply })) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                return Err(ApiError::slot_unavailable("the engine is overloaded; retry later"));
+            }
+            Err(TrySendError::Disconnected(_)) => return Err(EngineError::SchedulerGone.to_api()),
+        }
+        rx.await.map_err(|_| EngineError::SchedulerGone.to_api())?
     }
 
     /// Loads a model and returns its id once it serves.

@@ -24,13 +24,20 @@ use crate::error::EngineError;
 use crate::metrics as m;
 use crate::template::ChatTemplate;
 
+/// The contexts of one model: one for generation, whose sequences are the slots,
+/// and one for embeddings when they are enabled.
+pub(crate) struct Contexts<'m> {
+    gen: LlamaContext<'m>,
+    embed: Option<LlamaContext<'m>>,
+}
+
 self_cell::self_cell!(
-    /// A model and the context that borrows it, owned together so that a model can
+    /// A model and the contexts that borrow it, owned together so that a model can
     /// be loaded and unloaded at run time.
     struct Loaded {
         owner: LlamaModel,
         #[covariant]
-        dependent: LlamaContext,
+        dependent: Contexts,
     }
 );
 
@@ -91,8 +98,17 @@ impl ModelRuntime {
             .with_n_ubatch(settings.batch_size)
             .with_n_threads(threads)
             .with_n_threads_batch(threads);
-        let loaded = Loaded::try_new(model, |model| model.new_context(backend, ctx_params))
-            .map_err(|e| load_err(format!("cannot create a context: {e}")))?;
+        let embedding = settings.embedding;
+        let embed_params = super::embed::context_params(&settings);
+        // Contexts are created one after the other: creating two from one model at
+        // once is unsound in llama.cpp.
+        let loaded = Loaded::try_new(model, |model| {
+            let gen = model.new_context(backend, ctx_params)?;
+            let embed =
+                if embedding { Some(model.new_context(backend, embed_params)?) } else { None };
+            Ok::<_, llama_cpp_2::LlamaContextLoadError>(Contexts { gen, embed })
+        })
+        .map_err(|e| load_err(format!("cannot create a context: {e}")))?;
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let id = settings.id();
         tracing::info!(model = %id, ?template, n_parallel, ctx_len = settings.ctx_len, "model loaded");
@@ -258,8 +274,8 @@ impl ModelRuntime {
                 slot.running = None;
                 // The issue asks for the sequence to be cleared; a cancelled prompt is
                 // not worth keeping as a cache anyway.
-                loaded.with_dependent_mut(|_, ctx| {
-                    let _ = ctx.clear_kv_cache_seq(Some(slot.id), None, None);
+                loaded.with_dependent_mut(|_, c| {
+                    let _ = c.gen.clear_kv_cache_seq(Some(slot.id), None, None);
                 });
                 slot.cache.clear();
                 metrics::counter!(m::CANCELLED, "model" => id.clone()).increment(1);
@@ -310,13 +326,13 @@ impl ModelRuntime {
         } else {
             0
         };
-        let removed = self.loaded.with_dependent_mut(|_, ctx| {
-            ctx.clear_kv_cache_seq(Some(slot.id), Some(keep as u32), None).unwrap_or(false)
+        let removed = self.loaded.with_dependent_mut(|_, c| {
+            c.gen.clear_kv_cache_seq(Some(slot.id), Some(keep as u32), None).unwrap_or(false)
         });
         if !removed {
             // Some caches (recurrent ones) cannot drop a tail: start this slot afresh.
-            self.loaded.with_dependent_mut(|_, ctx| {
-                let _ = ctx.clear_kv_cache_seq(Some(slot.id), None, None);
+            self.loaded.with_dependent_mut(|_, c| {
+                let _ = c.gen.clear_kv_cache_seq(Some(slot.id), None, None);
             });
             keep = 0;
         }
@@ -386,15 +402,15 @@ impl ModelRuntime {
             return (false, Duration::ZERO);
         }
         let llama_started = Instant::now();
-        let decoded = loaded.with_dependent_mut(|_, ctx| ctx.decode(batch));
+        let decoded = loaded.with_dependent_mut(|_, c| c.gen.decode(batch));
         let mut in_llama = llama_started.elapsed();
         if let Err(err) = decoded {
             tracing::error!(model = %id, error = %err, tokens = batch.n_tokens(), "decode failed");
             for slot in slots.iter_mut() {
                 if let Some(run) = slot.running.take() {
                     run.task.send(Event::Error(ApiError::internal()));
-                    loaded.with_dependent_mut(|_, ctx| {
-                        let _ = ctx.clear_kv_cache_seq(Some(slot.id), None, None);
+                    loaded.with_dependent_mut(|_, c| {
+                        let _ = c.gen.clear_kv_cache_seq(Some(slot.id), None, None);
                     });
                     slot.cache.clear();
                 }
@@ -418,7 +434,7 @@ impl ModelRuntime {
                 slot.cache.push(token);
             }
             let sample_started = Instant::now();
-            let token = loaded.with_dependent(|_, ctx| run.sampler.sample(ctx, at));
+            let token = loaded.with_dependent(|_, c| run.sampler.sample(&c.gen, at));
             in_llama += sample_started.elapsed();
             generated += 1;
             let finish = Self::accept(
@@ -500,6 +516,22 @@ impl ModelRuntime {
             .increment(usage.cached_tokens.into());
         tracing::debug!(model = %id, task = run.task.id, ?reason, ?usage, elapsed = ?run.admitted.elapsed(), "choice done");
         run.task.send(Event::Done { index: run.task.index, reason, usage });
+    }
+
+    /// Embeds `inputs` at once, between two generation steps.
+    pub fn embed(&mut self, inputs: &[PromptItem]) -> Result<Vec<(Vec<f32>, u32)>, ApiError> {
+        let id = self.id.clone();
+        let n_vocab = self.n_vocab;
+        let ctx_len = self.settings.ctx_len as usize;
+        self.loaded.with_dependent_mut(|model, c| match c.embed.as_mut() {
+            Some(ctx) => super::embed::run(model, ctx, inputs, n_vocab, ctx_len),
+            None => Err(ApiError::invalid(
+                "model",
+                format!(
+                    "embeddings are not enabled for model `{id}`; load it with embedding = true"
+                ),
+            )),
+        })
     }
 
     /// Fails every running and queued task, as when the model is unloaded.

@@ -102,6 +102,13 @@ impl Worker {
     fn handle(&mut self, cmd: Command) {
         match cmd {
             Command::Submit(job) => self.submit(job),
+            Command::Embed(job) => {
+                let result = match self.models.iter_mut().find(|m| m.id == job.model) {
+                    Some(model) => model.embed(&job.inputs),
+                    None => Err(ApiError::model_not_found(&job.model)),
+                };
+                let _ = job.reply.send(result);
+            }
             Command::Load(settings, reply) => self.load(settings, reply),
             Command::Unload(id, reply) => {
                 let result = match self.models.iter().position(|m| m.id == id) {

@@ -8,7 +8,8 @@ use axum::Json;
 use slotgate_protocol::{
     sse, ApiError, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk,
     ChatCompletionRequest, ChunkChoice, Completion, CompletionChoice, CompletionRequest, Delta,
-    EmbeddingRequest, ErrorType, FinishReason, Role, Usage,
+    Embedding, EmbeddingInput, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage,
+    EmbeddingVector, FinishReason, PromptItem, Role, Usage,
 };
 
 use super::answer::{self, ChunkWriter, Shape};
@@ -239,15 +240,33 @@ pub async fn embeddings(
     if let Err(err) = req.validate() {
         return fail(&req.model, err);
     }
-    if !state.scheduler.snapshot().models.iter().any(|m| m.id == req.model) {
-        return fail(&req.model, ApiError::model_not_found(&req.model));
+    let inputs = match &req.input {
+        EmbeddingInput::Text(s) => vec![PromptItem::Text(s.clone())],
+        EmbeddingInput::Texts(v) => v.iter().cloned().map(PromptItem::Text).collect(),
+        EmbeddingInput::Tokens(t) => vec![PromptItem::Tokens(t.clone())],
+        EmbeddingInput::TokenArrays(v) => v.iter().cloned().map(PromptItem::Tokens).collect(),
+    };
+    let format = req.encoding_format.unwrap_or_default();
+    match state.scheduler.embed(req.model.clone(), inputs).await {
+        Ok(vectors) => {
+            count(&req.model, 200);
+            let tokens: u32 = vectors.iter().map(|(_, n)| n).sum();
+            Json(EmbeddingResponse {
+                object: "list".into(),
+                data: vectors
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (v, _))| Embedding {
+                        object: "embedding".into(),
+                        embedding: EmbeddingVector::encode(v, format),
+                        index: i as u32,
+                    })
+                    .collect(),
+                model: req.model,
+                usage: EmbeddingUsage { prompt_tokens: tokens, total_tokens: tokens },
+            })
+            .into_response()
+        }
+        Err(err) => fail(&req.model, err),
     }
-    fail(
-        &req.model,
-        ApiError::new(
-            ErrorType::InvalidRequestError,
-            format!("embeddings are not served for model `{}` by this engine", req.model),
-        )
-        .with_param("model"),
-    )
 }
