@@ -12,6 +12,15 @@ use slotgate_protocol::{ApiError, ErrorType, PromptItem};
 
 use crate::config::ModelSettings;
 
+/// One input's vector and its token count.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Embedded {
+    /// L2-normalized.
+    pub vector: Vec<f32>,
+    /// Tokens of the input.
+    pub tokens: u32,
+}
+
 /// The embedding context: one sequence of up to `ctx_len` tokens, read in one
 /// micro-batch because pooling needs the whole input at once.
 pub(crate) fn context_params(settings: &ModelSettings) -> LlamaContextParams {
@@ -34,7 +43,7 @@ pub(crate) fn run(
     inputs: &[PromptItem],
     n_vocab: i32,
     ctx_len: usize,
-) -> Result<Vec<(Vec<f32>, u32)>, ApiError> {
+) -> Result<Vec<Embedded>, ApiError> {
     let vocab = model.vocab();
     let param = |i: usize| if inputs.len() > 1 { format!("input[{i}]") } else { "input".into() };
     let mut out = Vec::with_capacity(inputs.len());
@@ -75,7 +84,7 @@ pub(crate) fn run(
             ApiError::internal()
         })?;
         let vector = ctx.embeddings_seq_ith(0).map_err(|_| ApiError::internal())?;
-        out.push((normalize(vector), tokens.len() as u32));
+        out.push(Embedded { vector: normalize(vector), tokens: tokens.len() as u32 });
     }
     Ok(out)
 }

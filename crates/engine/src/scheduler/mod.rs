@@ -20,6 +20,7 @@ use llama_cpp_2::llama_backend::LlamaBackend;
 use slotgate_protocol::ApiError;
 use tokio::sync::{mpsc, oneshot};
 
+pub use embed::Embedded;
 pub use job::{ChoiceUsage, Event, GenParams, Job, JobInput};
 pub use model::ModelSnapshot;
 
@@ -46,7 +47,7 @@ pub struct EmbedJob {
     /// The inputs, in the order of the answer.
     pub inputs: Vec<slotgate_protocol::PromptItem>,
     /// Each input's vector and token count, or why there are none.
-    pub reply: oneshot::Sender<Result<Vec<(Vec<f32>, u32)>, ApiError>>,
+    pub reply: oneshot::Sender<Result<Vec<Embedded>, ApiError>>,
 }
 
 /// The state of all models, as last published by the scheduler thread.
@@ -106,7 +107,7 @@ impl Scheduler {
         &self,
         model: String,
         inputs: Vec<slotgate_protocol::PromptItem>,
-    ) -> Result<Vec<(Vec<f32>, u32)>, ApiError> {
+    ) -> Result<Vec<Embedded>, ApiError> {
         let (reply, rx) = oneshot::channel();
         match self.commands.try_send(Command::Embed(EmbedJob { model, inputs, reply })) {
             Ok(()) => {}

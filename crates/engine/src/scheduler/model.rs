@@ -15,6 +15,7 @@ use llama_cpp_2::model::{LlamaChatMessage, LlamaModel};
 use llama_cpp_2::token::LlamaToken;
 use slotgate_protocol::{ApiError, ErrorType, FinishReason, PromptItem, SlotStatus};
 
+use super::embed::Embedded;
 use super::job::{ChoiceUsage, Event, Job, JobInput, Task};
 use super::sampler;
 use super::slot::{pick_slot, Running, Slot};
@@ -519,7 +520,7 @@ impl ModelRuntime {
     }
 
     /// Embeds `inputs` at once, between two generation steps.
-    pub fn embed(&mut self, inputs: &[PromptItem]) -> Result<Vec<(Vec<f32>, u32)>, ApiError> {
+    pub fn embed(&mut self, inputs: &[PromptItem]) -> Result<Vec<Embedded>, ApiError> {
         let id = self.id.clone();
         let n_vocab = self.n_vocab;
         let ctx_len = self.settings.ctx_len as usize;

@@ -250,15 +250,15 @@ pub async fn embeddings(
     match state.scheduler.embed(req.model.clone(), inputs).await {
         Ok(vectors) => {
             count(&req.model, 200);
-            let tokens: u32 = vectors.iter().map(|(_, n)| n).sum();
+            let tokens: u32 = vectors.iter().map(|e| e.tokens).sum();
             Json(EmbeddingResponse {
                 object: "list".into(),
                 data: vectors
                     .into_iter()
                     .enumerate()
-                    .map(|(i, (v, _))| Embedding {
+                    .map(|(i, e)| Embedding {
                         object: "embedding".into(),
-                        embedding: EmbeddingVector::encode(v, format),
+                        embedding: EmbeddingVector::encode(e.vector, format),
                         index: i as u32,
                     })
                     .collect(),
