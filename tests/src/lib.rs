@@ -1,6 +1,8 @@
 //! Helpers for end-to-end tests: start the real binaries on the real default model,
 //! talk to them over HTTP, and stop them when the test ends.
 
+pub mod fake;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -51,8 +53,14 @@ impl Process {
     /// Starts `binary` with `args` and waits (at most 120 s) for its
     /// `listening on http://ADDR` line.
     pub fn start(binary: &Path, args: &[&str]) -> Self {
+        Self::start_with_env(binary, args, &[])
+    }
+
+    /// Like [`Process::start`], with environment variables.
+    pub fn start_with_env(binary: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(binary)
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
@@ -77,6 +85,24 @@ impl Process {
         }
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGTERM and waits (at most `limit`) for the process to exit.
+    pub fn terminate(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
     /// Kills the process now, as a crash would.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
@@ -85,18 +111,50 @@ impl Process {
 }
 
 impl Drop for Process {
+    /// SIGTERM first, so that a gateway stops the engines it started; SIGKILL if it
+    /// has not exited within five seconds.
     fn drop(&mut self) {
-        self.kill();
+        if self.terminate(Duration::from_secs(5)).is_none() {
+            self.kill();
+        }
     }
 }
 
-/// Starts an engine on the default model with two threads and the given flags.
+/// Starts an engine on the default model with the given flags (two threads unless
+/// they say otherwise).
 pub fn engine(args: &[&str]) -> Process {
     let model = model_path();
-    let mut all =
-        vec!["--model", model.to_str().expect("utf-8 path"), "--port", "0", "--threads", "2"];
+    let mut all = vec!["--model", model.to_str().expect("utf-8 path"), "--port", "0"];
+    if !args.contains(&"--threads") {
+        all.extend_from_slice(&["--threads", "2"]);
+    }
     all.extend_from_slice(args);
     Process::start(&binary("slotgate-engine"), &all)
+}
+
+/// Starts the gateway in front of `backends`, with `SLOTGATE_*` settings in `env`.
+pub fn gateway(backends: &[&str], env: &[(&str, &str)]) -> Process {
+    let mut args = vec!["--listen", "127.0.0.1:0"];
+    for b in backends {
+        args.extend_from_slice(&["--backend", b]);
+    }
+    let mut env = env.to_vec();
+    env.push(("SLOTGATE_ROUTING__HEALTH_INTERVAL_MS", "100"));
+    env.push(("SLOTGATE_ROUTING__HEALTHY_THRESHOLD", "1"));
+    Process::start_with_env(&binary("slotgate"), &args, &env)
+}
+
+/// Waits until the gateway's `/health` passes (its backends were admitted).
+pub async fn ready(client: &reqwest::Client, gateway: &Process, backends: usize) {
+    let url = format!("{}/admin/backends", gateway.url);
+    let ok = eventually(Duration::from_secs(30), || async {
+        let (_, body) = get(client, &url).await;
+        body["backends"]
+            .as_array()
+            .is_some_and(|bs| bs.iter().filter(|b| b["healthy"] == true).count() == backends)
+    })
+    .await;
+    assert!(ok, "backends not admitted: {}", get(client, &url).await.1);
 }
 
 /// A client with a bound on every request.

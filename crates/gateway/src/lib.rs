@@ -1,2 +1,21 @@
-//! slotgate's gateway: slot-aware scheduling of OpenAI requests over engines.
-//! Not written yet; see the open issues.
+//! slotgate's gateway: one OpenAI address in front of many llama.cpp engines. It
+//! sends each request to a healthy backend that serves its model and has a free
+//! slot, queues it when none has, and retries elsewhere while nothing has reached
+//! the client yet.
+
+pub mod backend;
+pub mod balancer;
+pub mod config;
+pub mod error;
+pub mod health;
+pub mod ids;
+pub mod metrics;
+pub mod pool;
+pub mod proxy;
+pub mod retry;
+pub mod server;
+pub mod supervisor;
+
+pub use config::{Cli, GatewayConfig};
+pub use error::GatewayError;
+pub use server::Gateway;

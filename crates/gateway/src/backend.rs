@@ -1,0 +1,214 @@
+//! A backend as the gateway sees it: where it is, what it serves, how many slots it
+//! has, how many the gateway has claimed, and whether it is healthy.
+//!
+//! Counts are atomics read on every request and written by claims, releases and
+//! the health loop; nothing here is locked across an await.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::config::BackendConfig;
+
+/// One backend.
+#[derive(Debug)]
+pub struct Backend {
+    /// Its position in the gateway's list; stable.
+    pub index: usize,
+    /// Base URL; empty until a supervised engine has printed its address.
+    url: ArcSwap<String>,
+    /// Relative share of traffic among equals.
+    pub weight: u32,
+    /// Models it serves: configured, or discovered from `/v1/models`.
+    models: ArcSwap<Vec<String>>,
+    /// Whether `models` came from the configuration (then never rediscovered).
+    pub fixed_models: bool,
+    /// Slots it has: configured, or read from `/slots`.
+    slots: AtomicU32,
+    /// Whether `slots` came from the configuration.
+    pub fixed_slots: bool,
+    /// Requests this gateway has in flight there.
+    in_flight: AtomicU32,
+    /// Slots busy there for others (other gateways, or llama.cpp slots kept busy
+    /// after a client left), as of the last reconciliation with `/slots`.
+    foreign_busy: AtomicU32,
+    healthy: AtomicBool,
+    successes: AtomicU32,
+    failures: AtomicU32,
+}
+
+impl Backend {
+    /// A backend from its configuration. Unhealthy until it passes a check.
+    pub fn new(index: usize, config: &BackendConfig) -> Self {
+        Self {
+            index,
+            url: ArcSwap::from_pointee(config.url.trim_end_matches('/').to_owned()),
+            weight: config.weight,
+            models: ArcSwap::from_pointee(config.models.clone().unwrap_or_default()),
+            fixed_models: config.models.is_some(),
+            slots: AtomicU32::new(config.slots.unwrap_or(0)),
+            fixed_slots: config.slots.is_some(),
+            in_flight: AtomicU32::new(0),
+            foreign_busy: AtomicU32::new(0),
+            healthy: AtomicBool::new(false),
+            successes: AtomicU32::new(0),
+            failures: AtomicU32::new(0),
+        }
+    }
+
+    /// Base URL.
+    pub fn url(&self) -> Arc<String> {
+        self.url.load_full()
+    }
+
+    /// Sets the base URL (a restarted engine listens on a new port).
+    pub fn set_url(&self, url: String) {
+        self.url.store(Arc::new(url));
+    }
+
+    /// Models it serves.
+    pub fn models(&self) -> Arc<Vec<String>> {
+        self.models.load_full()
+    }
+
+    /// Sets the models it serves.
+    pub fn set_models(&self, models: Vec<String>) {
+        self.models.store(Arc::new(models));
+    }
+
+    /// Whether it serves `model`.
+    pub fn serves(&self, model: &str) -> bool {
+        self.models.load().iter().any(|m| m == model)
+    }
+
+    /// Whether it takes traffic.
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Acquire)
+    }
+
+    /// Slots it has.
+    pub fn slots(&self) -> u32 {
+        self.slots.load(Ordering::Acquire)
+    }
+
+    /// Requests this gateway has in flight there.
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Slots busy for others.
+    pub fn foreign_busy(&self) -> u32 {
+        self.foreign_busy.load(Ordering::Acquire)
+    }
+
+    /// Slots free for this gateway.
+    pub fn free(&self) -> u32 {
+        self.slots().saturating_sub(self.in_flight() + self.foreign_busy())
+    }
+
+    /// Claims a slot if one is free; atomic against concurrent claims.
+    pub fn try_claim(&self) -> bool {
+        let limit = self.slots().saturating_sub(self.foreign_busy());
+        self.in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1))
+            .is_ok()
+    }
+
+    /// Counts a request without a slot check (the comparison policies).
+    pub fn claim_unchecked(&self) {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Gives back a claimed slot. Never goes below zero.
+    pub fn release(&self) {
+        let _ =
+            self.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
+
+    /// Reconciles with what the backend's `/slots` says: its slot count, and how
+    /// many are busy beyond this gateway's own requests.
+    pub fn reconcile(&self, total: u32, busy: u32) {
+        if !self.fixed_slots {
+            self.slots.store(total, Ordering::Release);
+        }
+        self.foreign_busy.store(busy.saturating_sub(self.in_flight()), Ordering::Release);
+    }
+
+    /// The backend said it is full: treat every slot as busy until the next
+    /// reconciliation.
+    pub fn mark_full(&self) {
+        self.foreign_busy.store(self.slots(), Ordering::Release);
+    }
+
+    /// A passing check. Returns true when this made it healthy.
+    pub fn check_passed(&self, threshold: u32) -> bool {
+        self.failures.store(0, Ordering::Release);
+        let n = self.successes.fetch_add(1, Ordering::AcqRel) + 1;
+        n >= threshold && !self.healthy.swap(true, Ordering::AcqRel)
+    }
+
+    /// A failing check. Returns true when this made it unhealthy.
+    pub fn check_failed(&self, threshold: u32) -> bool {
+        self.successes.store(0, Ordering::Release);
+        let n = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+        n >= threshold && self.healthy.swap(false, Ordering::AcqRel)
+    }
+
+    /// Ejects it at once (a refused connection, a process that exited).
+    pub fn eject(&self) -> bool {
+        self.successes.store(0, Ordering::Release);
+        self.healthy.swap(false, Ordering::AcqRel)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backend(slots: u32) -> Backend {
+        Backend::new(
+            0,
+            &BackendConfig { url: "http://x".into(), models: None, slots: Some(slots), weight: 1 },
+        )
+    }
+
+    #[test]
+    fn claims_stop_at_free_slots_and_release_never_goes_negative() {
+        let b = backend(2);
+        assert!(b.try_claim() && b.try_claim());
+        assert!(!b.try_claim());
+        b.release();
+        b.release();
+        b.release();
+        assert_eq!(b.in_flight(), 0);
+        b.reconcile(2, 1);
+        assert_eq!(b.free(), 1);
+        assert!(b.try_claim());
+        assert!(!b.try_claim(), "a slot busy for others is not claimed");
+    }
+
+    #[test]
+    fn concurrent_claims_never_overcommit() {
+        let b = Arc::new(backend(5));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let b = b.clone();
+                std::thread::spawn(move || (0..1000).filter(|_| b.try_claim()).count())
+            })
+            .collect();
+        let claimed: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        assert_eq!(claimed, 5);
+        assert_eq!(b.in_flight(), 5);
+    }
+
+    #[test]
+    fn health_thresholds() {
+        let b = backend(1);
+        assert!(!b.check_passed(2));
+        assert!(b.check_passed(2), "second pass admits");
+        assert!(!b.check_failed(2));
+        assert!(b.check_failed(2), "second failure ejects");
+        assert!(!b.is_healthy());
+    }
+}

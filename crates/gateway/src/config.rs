@@ -1,0 +1,264 @@
+//! Settings of the gateway: defaults, then a TOML file (`--config`), then
+//! `SLOTGATE_*` environment variables (nested keys joined with `__`), then flags.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+use crate::error::GatewayError;
+
+/// How a backend is chosen among those with a free slot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    /// Only backends with a free slot; ties by power of two choices, weighted.
+    #[default]
+    Slots,
+    /// Every healthy backend in turn, slots or not (for comparison).
+    RoundRobin,
+    /// The healthy backend with the fewest requests in flight (for comparison).
+    LeastRequests,
+}
+
+/// An engine or llama.cpp server the gateway forwards to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    /// Base URL, such as `http://127.0.0.1:8081`.
+    pub url: String,
+    /// Models it serves; default: read from its `/v1/models`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub models: Option<Vec<String>>,
+    /// Slots it has; default: read from its `/slots`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots: Option<u32>,
+    /// Relative share of traffic among equals.
+    #[serde(default = "one")]
+    pub weight: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// A `slotgate-engine` process the gateway starts and supervises.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineSpec {
+    /// Path of the GGUF file.
+    pub model: PathBuf,
+    /// The name clients send; default: the file name without `.gguf`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_id: Option<String>,
+    /// Slots of the engine.
+    #[serde(default = "four")]
+    pub n_parallel: u32,
+    /// Context per slot.
+    #[serde(default = "ctx_len")]
+    pub ctx_len: u32,
+    /// GPU index; sets `CUDA_VISIBLE_DEVICES` for the process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<u32>,
+    /// More flags for `slotgate-engine`.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// The engine binary; default: `slotgate-engine` next to the gateway's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub binary: Option<PathBuf>,
+}
+
+fn four() -> u32 {
+    4
+}
+
+fn ctx_len() -> u32 {
+    4096
+}
+
+/// How requests are routed, queued and retried, and how backends are checked.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Routing {
+    /// How a backend is chosen.
+    pub policy: Policy,
+    /// Requests that may wait for a slot, per model.
+    pub queue_size: u32,
+    /// How long one may wait.
+    pub queue_timeout_ms: u64,
+    /// Backends tried for one request, the first included.
+    pub max_attempts: u32,
+    /// Pause before a retry.
+    pub retry_backoff_ms: u64,
+    /// Retries allowed as a fraction of requests (plus `retry_budget_min` per second).
+    pub retry_budget: f64,
+    /// Retries always allowed per second, whatever the ratio.
+    pub retry_budget_min: u32,
+    /// Interval of the active health checks and `/slots` reconciliation.
+    pub health_interval_ms: u64,
+    /// Passing checks in a row that re-admit a backend.
+    pub healthy_threshold: u32,
+    /// Failing checks in a row that eject a backend.
+    pub unhealthy_threshold: u32,
+    /// Idle pooled connections are closed after this; below llama.cpp's 5 s.
+    pub pool_idle_timeout_ms: u64,
+    /// Connection timeout to a backend.
+    pub connect_timeout_ms: u64,
+}
+
+impl Default for Routing {
+    fn default() -> Self {
+        Self {
+            policy: Policy::Slots,
+            queue_size: 256,
+            queue_timeout_ms: 30_000,
+            max_attempts: 3,
+            retry_backoff_ms: 25,
+            retry_budget: 0.2,
+            retry_budget_min: 10,
+            health_interval_ms: 1_000,
+            healthy_threshold: 2,
+            unhealthy_threshold: 3,
+            pool_idle_timeout_ms: 4_000,
+            connect_timeout_ms: 2_000,
+        }
+    }
+}
+
+/// All settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// Address to listen on; port 0 picks a free one.
+    pub listen: String,
+    /// Backends to forward to.
+    pub backends: Vec<BackendConfig>,
+    /// Engines to start and supervise; each becomes a backend.
+    pub engines: Vec<EngineSpec>,
+    /// Routing, queueing, retries and health checks.
+    pub routing: Routing,
+    /// On shutdown, how long in-flight requests may take to finish.
+    pub drain_timeout_ms: u64,
+    /// Largest request body accepted, in bytes.
+    pub max_body_bytes: usize,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8080".into(),
+            backends: Vec::new(),
+            engines: Vec::new(),
+            routing: Routing::default(),
+            drain_timeout_ms: 30_000,
+            max_body_bytes: 16 * 1024 * 1024,
+        }
+    }
+}
+
+/// Command-line flags.
+#[derive(Debug, Default, Parser)]
+#[command(name = "slotgate", version, about = "Slot-aware OpenAI gateway for llama.cpp engines")]
+pub struct Cli {
+    /// A TOML file of settings (see config/gateway.toml).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:8080].
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// A backend URL; repeat for several. Added to those of the file.
+    #[arg(long = "backend")]
+    pub backends: Vec<String>,
+}
+
+impl GatewayConfig {
+    /// Layers defaults, the file, the environment and the flags, and validates.
+    pub fn load(cli: &Cli) -> Result<Self, GatewayError> {
+        let mut figment = Figment::from(Serialized::defaults(Self::default()));
+        if let Some(path) = &cli.config {
+            if !path.is_file() {
+                return Err(GatewayError::Config(format!(
+                    "config: {} is not a readable file",
+                    path.display()
+                )));
+            }
+            figment = figment.merge(Toml::file(path));
+        }
+        figment = figment.merge(Env::prefixed("SLOTGATE_").split("__").ignore(&["log"]));
+        if let Some(listen) = &cli.listen {
+            figment = figment.merge(Serialized::default("listen", listen));
+        }
+        let mut config: Self =
+            figment.extract().map_err(|e| GatewayError::Config(e.to_string()))?;
+        config.backends.extend(cli.backends.iter().map(|url| BackendConfig {
+            url: url.clone(),
+            models: None,
+            slots: None,
+            weight: 1,
+        }));
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks every field; the error names it.
+    pub fn validate(&self) -> Result<(), GatewayError> {
+        let bad =
+            |field: String, reason: String| Err(GatewayError::Config(format!("{field}: {reason}")));
+        if self.listen.parse::<std::net::SocketAddr>().is_err() {
+            return bad(
+                "listen".into(),
+                format!("`{}` is not an address such as 127.0.0.1:8080", self.listen),
+            );
+        }
+        for (i, b) in self.backends.iter().enumerate() {
+            if !(b.url.starts_with("http://") || b.url.starts_with("https://")) {
+                return bad(
+                    format!("backends[{i}].url"),
+                    format!("`{}` is not an http:// URL", b.url),
+                );
+            }
+            if b.weight == 0 {
+                return bad(format!("backends[{i}].weight"), "must be at least 1".into());
+            }
+            if b.slots == Some(0) {
+                return bad(format!("backends[{i}].slots"), "must be at least 1".into());
+            }
+        }
+        for (i, e) in self.engines.iter().enumerate() {
+            if !e.model.is_file() {
+                return bad(
+                    format!("engines[{i}].model"),
+                    format!("{} is not a readable file", e.model.display()),
+                );
+            }
+            if e.n_parallel == 0 {
+                return bad(format!("engines[{i}].n_parallel"), "must be at least 1".into());
+            }
+        }
+        if self.backends.is_empty() && self.engines.is_empty() {
+            return bad(
+                "backends".into(),
+                "give at least one backend (--backend URL) or [[engines]]".into(),
+            );
+        }
+        let r = &self.routing;
+        if r.max_attempts == 0 {
+            return bad("routing.max_attempts".into(), "must be at least 1".into());
+        }
+        if !(0.0..=10.0).contains(&r.retry_budget) {
+            return bad(
+                "routing.retry_budget".into(),
+                format!("must be between 0 and 10, got {}", r.retry_budget),
+            );
+        }
+        if r.health_interval_ms < 10 {
+            return bad("routing.health_interval_ms".into(), "must be at least 10".into());
+        }
+        if r.healthy_threshold == 0 || r.unhealthy_threshold == 0 {
+            return bad("routing.healthy_threshold".into(), "thresholds must be at least 1".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,77 @@
+//! Active health checks: every interval each backend's `/health`, then its
+//! `/slots` (to reconcile slot counts) and, unless configured, its `/v1/models`.
+//! A backend is admitted after `healthy_threshold` passes in a row and ejected
+//! after `unhealthy_threshold` failures; a loading backend (503) fails the check.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use slotgate_protocol::{ModelList, SlotCounts, SlotStatus};
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::Backend;
+use crate::config::Routing;
+use crate::pool::Pool;
+
+/// Checks every backend until `stop` is cancelled.
+pub async fn run(
+    pool: Arc<Pool>,
+    client: reqwest::Client,
+    routing: Routing,
+    stop: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(Duration::from_millis(routing.health_interval_ms));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let checks = pool.backends().iter().map(|b| check(&pool, &client, &routing, b.clone()));
+        futures::future::join_all(checks).await;
+    }
+}
+
+async fn check(pool: &Pool, client: &reqwest::Client, routing: &Routing, backend: Arc<Backend>) {
+    let url = backend.url();
+    if url.is_empty() {
+        return;
+    }
+    let timeout = Duration::from_millis(routing.health_interval_ms.max(500));
+    let ok = match client.get(format!("{url}/health")).timeout(timeout).send().await {
+        Ok(r) => r.status().is_success(),
+        Err(_) => false,
+    };
+    if !ok {
+        if backend.check_failed(routing.unhealthy_threshold) {
+            tracing::warn!(backend = %url, "ejected: failing health checks");
+        }
+        return;
+    }
+    if !backend.fixed_models {
+        if let Ok(r) = client.get(format!("{url}/v1/models")).timeout(timeout).send().await {
+            if let Ok(list) = r.json::<ModelList>().await {
+                backend.set_models(list.data.into_iter().map(|m| m.id).collect());
+            }
+        }
+    }
+    if let Ok(r) = client.get(format!("{url}/slots")).timeout(timeout).send().await {
+        if let Ok(slots) = r.json::<Vec<SlotStatus>>().await {
+            let counts = SlotCounts::of(&slots, None);
+            backend.reconcile(counts.total, counts.busy);
+        }
+    } else if !backend.fixed_slots && backend.slots() == 0 {
+        // No /slots at all: count it as one slot rather than none.
+        backend.reconcile(1, 0);
+    }
+    let was_free = backend.free();
+    if backend.check_passed(routing.healthy_threshold) {
+        tracing::info!(backend = %url, models = ?backend.models(), slots = backend.slots(), "admitted");
+    }
+    if backend.is_healthy() {
+        // Slots may have freed outside this gateway: let waiting requests look again.
+        for _ in 0..was_free.max(1) {
+            pool.wake_backend(&backend);
+        }
+    }
+}

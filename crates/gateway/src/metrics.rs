@@ -1,0 +1,45 @@
+//! Prometheus metrics of the gateway. Labels stay bounded: backends, models,
+//! statuses and retry reasons, never request ids or user text.
+
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+/// 1 when a backend takes traffic (gauge; `backend`).
+pub const BACKEND_UP: &str = "slotgate_backend_up";
+/// Slots of a backend (gauge; `backend`, `model`).
+pub const SLOTS_TOTAL: &str = "slotgate_backend_slots_total";
+/// Busy slots of a backend, this gateway's and others' (gauge; `backend`, `model`).
+pub const SLOTS_BUSY: &str = "slotgate_backend_slots_busy";
+/// Requests waiting for a slot (gauge; `model`).
+pub const QUEUE_DEPTH: &str = "slotgate_queue_depth";
+/// Time waited for a slot (histogram, seconds; `model`).
+pub const QUEUE_WAIT: &str = "slotgate_queue_wait_seconds";
+/// Answers sent (counter; `model`, `backend`, `status`).
+pub const REQUESTS: &str = "slotgate_requests_total";
+/// Retries (counter; `reason`).
+pub const RETRIES: &str = "slotgate_retries_total";
+/// From arrival to the end of the answer (histogram, seconds; `model`).
+pub const DURATION: &str = "slotgate_request_duration_seconds";
+/// From arrival to the first byte of the answer (histogram, seconds; `model`).
+pub const TTFT: &str = "slotgate_time_to_first_token_seconds";
+
+/// Installs the process's recorder once and returns its handle.
+pub fn handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let buckets = [
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0, 30.0, 60.0,
+            ];
+            let builder = PrometheusBuilder::new()
+                .set_buckets(&buckets)
+                .unwrap_or_else(|_| PrometheusBuilder::new());
+            match builder.install_recorder() {
+                Ok(handle) => handle,
+                Err(_) => PrometheusBuilder::new().build_recorder().handle(),
+            }
+        })
+        .clone()
+}

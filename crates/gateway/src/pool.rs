@@ -1,0 +1,308 @@
+//! The backends together: picking one for a request, claiming its slot, and the
+//! per-model FIFO queue of requests waiting for a slot. The queue is woken by
+//! releases (and by backends turning healthy), never by polling.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use slotgate_protocol::{ApiError, ErrorType};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::backend::Backend;
+use crate::balancer::{pick, View};
+use crate::config::{Policy, Routing};
+use crate::metrics as m;
+
+struct Waiter {
+    id: u64,
+    wake: oneshot::Sender<()>,
+}
+
+/// All backends, the policy, and the queues.
+pub struct Pool {
+    backends: Vec<Arc<Backend>>,
+    policy: Policy,
+    queue_size: usize,
+    queue_timeout: Duration,
+    turn: AtomicU64,
+    next_waiter: AtomicU64,
+    /// Waiting requests per model. A std mutex, only held to push or pop.
+    queues: Mutex<HashMap<String, VecDeque<Waiter>>>,
+}
+
+/// A claimed slot on a backend; released when dropped, which wakes the next
+/// request waiting for one of the backend's models. It rides on the response
+/// body, so a finished stream and a client that went away both release it.
+pub struct Claim {
+    pool: Arc<Pool>,
+    /// The backend claimed.
+    pub backend: Arc<Backend>,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.backend.release();
+        self.pool.wake_backend(&self.backend);
+    }
+}
+
+impl Pool {
+    /// A pool over `backends`.
+    pub fn new(backends: Vec<Arc<Backend>>, routing: &Routing) -> Arc<Self> {
+        Arc::new(Self {
+            backends,
+            policy: routing.policy,
+            queue_size: routing.queue_size as usize,
+            queue_timeout: Duration::from_millis(routing.queue_timeout_ms),
+            turn: AtomicU64::new(0),
+            next_waiter: AtomicU64::new(0),
+            queues: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Every backend.
+    pub fn backends(&self) -> &[Arc<Backend>] {
+        &self.backends
+    }
+
+    /// Whether any backend, healthy or not, serves `model`.
+    pub fn knows(&self, model: &str) -> bool {
+        self.backends.iter().any(|b| b.serves(model))
+    }
+
+    /// Whether a healthy backend outside `exclude` serves `model`.
+    pub fn has_other(&self, model: &str, exclude: &[usize]) -> bool {
+        self.backends
+            .iter()
+            .any(|b| b.is_healthy() && b.serves(model) && !exclude.contains(&b.index))
+    }
+
+    /// Requests waiting for `model`.
+    pub fn queue_depth(&self, model: &str) -> usize {
+        self.lock().get(model).map_or(0, VecDeque::len)
+    }
+
+    /// Every model with a queue, and its depth.
+    pub fn queue_depths(&self) -> Vec<(String, usize)> {
+        self.lock().iter().map(|(k, v)| (k.clone(), v.len())).collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, VecDeque<Waiter>>> {
+        // A panic while holding this lock cannot leave the map inconsistent.
+        self.queues.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Claims a slot for `model` now, if the policy finds one, avoiding `exclude`.
+    pub fn try_acquire(self: &Arc<Self>, model: &str, exclude: &[usize]) -> Option<Claim> {
+        loop {
+            let views: Vec<View> = self
+                .backends
+                .iter()
+                .map(|b| View {
+                    healthy: b.is_healthy() && !exclude.contains(&b.index),
+                    serves: b.serves(model),
+                    free: b.free(),
+                    in_flight: b.in_flight(),
+                    weight: b.weight,
+                })
+                .collect();
+            let turn = self.turn.fetch_add(1, Ordering::Relaxed);
+            let i = pick(&views, self.policy, turn, &mut |n| rand::random_range(0..n.max(1)))?;
+            let backend = &self.backends[i];
+            if self.policy == Policy::Slots {
+                if !backend.try_claim() {
+                    // Another request took the last slot between look and claim: look again.
+                    continue;
+                }
+            } else {
+                backend.claim_unchecked();
+            }
+            return Some(Claim { pool: self.clone(), backend: backend.clone() });
+        }
+    }
+
+    /// Claims a slot for `model`, waiting in the model's queue, in order, until one
+    /// frees or the queue timeout passes.
+    pub async fn acquire(
+        self: &Arc<Self>,
+        model: &str,
+        exclude: &[usize],
+    ) -> Result<Claim, ApiError> {
+        if let Some(claim) = self.try_acquire(model, exclude) {
+            return Ok(claim);
+        }
+        let started = Instant::now();
+        let deadline = started + self.queue_timeout;
+        let mut front = false;
+        loop {
+            let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
+            let (wake, woken) = oneshot::channel();
+            {
+                let mut queues = self.lock();
+                let queue = queues.entry(model.to_owned()).or_default();
+                if !front && queue.len() >= self.queue_size {
+                    return Err(self.unavailable(model, "its queue is full"));
+                }
+                let waiter = Waiter { id, wake };
+                if front {
+                    queue.push_front(waiter);
+                } else {
+                    queue.push_back(waiter);
+                }
+            }
+            metrics::gauge!(m::QUEUE_DEPTH, "model" => model.to_owned())
+                .set(self.queue_depth(model) as f64);
+            // A release between the first look and joining the queue would be missed:
+            // look once more now that this request is in the queue.
+            if let Some(claim) = self.try_acquire(model, exclude) {
+                self.leave(model, id);
+                self.record_wait(model, started);
+                return Ok(claim);
+            }
+            match tokio::time::timeout_at(deadline, woken).await {
+                Ok(_) => {
+                    if let Some(claim) = self.try_acquire(model, exclude) {
+                        self.record_wait(model, started);
+                        return Ok(claim);
+                    }
+                    // Someone else took the slot: wait again, at the head of the line.
+                    front = true;
+                }
+                Err(_) => {
+                    self.leave(model, id);
+                    self.record_wait(model, started);
+                    return Err(self.unavailable(
+                        model,
+                        "no slot became free within routing.queue_timeout_ms",
+                    ));
+                }
+            }
+        }
+    }
+
+    fn record_wait(&self, model: &str, started: Instant) {
+        metrics::histogram!(m::QUEUE_WAIT, "model" => model.to_owned())
+            .record(started.elapsed().as_secs_f64());
+        metrics::gauge!(m::QUEUE_DEPTH, "model" => model.to_owned())
+            .set(self.queue_depth(model) as f64);
+    }
+
+    /// Leaves the queue; if this waiter had already been woken, passes the wake on.
+    fn leave(&self, model: &str, id: u64) {
+        let mut queues = self.lock();
+        if let Some(queue) = queues.get_mut(model) {
+            let before = queue.len();
+            queue.retain(|w| w.id != id);
+            if queue.len() == before {
+                drop(queues);
+                self.wake(model);
+            }
+        }
+    }
+
+    fn unavailable(&self, model: &str, why: &str) -> ApiError {
+        if !self.backends.iter().any(|b| b.serves(model) && b.is_healthy()) {
+            return ApiError::new(
+                ErrorType::UnavailableError,
+                format!("no healthy backend serves model `{model}` right now; retry later"),
+            )
+            .with_code(slotgate_protocol::SLOT_UNAVAILABLE);
+        }
+        ApiError::slot_unavailable(format!(
+            "every slot for model `{model}` is busy and {why}; retry later"
+        ))
+    }
+
+    /// Wakes the first live waiter for `model`.
+    pub fn wake(&self, model: &str) {
+        let mut queues = self.lock();
+        if let Some(queue) = queues.get_mut(model) {
+            while let Some(waiter) = queue.pop_front() {
+                if waiter.wake.send(()).is_ok() {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Wakes one waiter for each model `backend` serves.
+    pub fn wake_backend(&self, backend: &Backend) {
+        for model in backend.models().iter() {
+            self.wake(model);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::BackendConfig;
+
+    fn pool(slots: u32, queue_size: u32, timeout_ms: u64) -> Arc<Pool> {
+        let config = BackendConfig {
+            url: "http://x".into(),
+            models: Some(vec!["m".into()]),
+            slots: Some(slots),
+            weight: 1,
+        };
+        let backend = Arc::new(Backend::new(0, &config));
+        backend.check_passed(1);
+        let routing = Routing { queue_size, queue_timeout_ms: timeout_ms, ..Routing::default() };
+        Pool::new(vec![backend], &routing)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_times_out_after_the_queue_timeout() {
+        let pool = pool(1, 4, 500);
+        let held = pool.acquire("m", &[]).await.unwrap();
+        let started = Instant::now();
+        let err = pool.acquire("m", &[]).await.err().unwrap();
+        assert_eq!(err.code.as_deref(), Some("slot_unavailable"));
+        assert_eq!(started.elapsed(), Duration::from_millis(500));
+        assert_eq!(pool.queue_depth("m"), 0, "a timed-out waiter leaves the queue");
+        drop(held);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_release_wakes_waiters_in_order() {
+        let pool = pool(1, 4, 60_000);
+        let held = pool.acquire("m", &[]).await.unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut waiters = Vec::new();
+        for i in 0..3 {
+            let (pool, order) = (pool.clone(), order.clone());
+            waiters.push(tokio::spawn(async move {
+                let claim = pool.acquire("m", &[]).await.unwrap();
+                order.lock().unwrap().push(i);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                drop(claim);
+            }));
+            // Queue them in a known order.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(pool.queue_depth("m"), 3);
+        let started = Instant::now();
+        drop(held);
+        for w in waiters {
+            w.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), vec![0, 1, 2]);
+        // Woken by releases: no polling interval shows up in the elapsed time.
+        assert_eq!(started.elapsed(), Duration::from_millis(30));
+        assert_eq!(pool.backends()[0].in_flight(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_queue_refuses_at_once() {
+        let pool = pool(1, 0, 60_000);
+        let _held = pool.acquire("m", &[]).await.unwrap();
+        let started = Instant::now();
+        let err = pool.acquire("m", &[]).await.err().unwrap();
+        assert_eq!(err.code.as_deref(), Some("slot_unavailable"));
+        assert!(err.message.contains("queue is full"), "{}", err.message);
+        assert_eq!(started.elapsed(), Duration::ZERO);
+    }
+}

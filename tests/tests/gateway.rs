@@ -1,0 +1,378 @@
+//! The gateway, started as a binary in front of real engines on the real default
+//! model, and in front of scripted fakes to force exact failures.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::{json, Value};
+use slotgate_tests::fake::{Fake, Step};
+use slotgate_tests::*;
+
+fn chat(model: &str, content: &str, max_tokens: u32, stream: bool) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": content}],
+           "max_tokens": max_tokens, "stream": stream, "temperature": 0})
+}
+
+async fn metrics(client: &reqwest::Client, url: &str) -> String {
+    client.get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap()
+}
+
+/// The value of the first sample whose line starts with `prefix`, or 0.
+fn sample(metrics: &str, prefix: &str) -> f64 {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn two_engines_share_the_load_and_slots_are_never_overcommitted() {
+    // Engines that refuse instead of queueing: an overcommit would show up as a
+    // slot_unavailable retry in the gateway's metrics.
+    let a =
+        engine(&["--n-parallel", "2", "--ctx-len", "256", "--threads", "1", "--queue-size", "0"]);
+    let b =
+        engine(&["--n-parallel", "2", "--ctx-len", "256", "--threads", "1", "--queue-size", "0"]);
+    let gw = gateway(&[&a.url, &b.url], &[]);
+    let client = client();
+    ready(&client, &gw, 2).await;
+    let url = format!("{}/v1/chat/completions", gw.url);
+    let calls: Vec<_> = (0..10)
+        .map(|i| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move {
+                let body =
+                    chat(MODEL, &format!("Say something about the number {i}."), 12, i % 2 == 0);
+                if i % 2 == 0 {
+                    let (status, s) = stream(&client, &url, &body).await;
+                    assert_eq!(status, 200);
+                    assert!(s.done, "stream {i} ended with [DONE]");
+                } else {
+                    let (status, r) = post(&client, &url, &body).await;
+                    assert_eq!(status, 200, "{r}");
+                    assert_eq!(r["usage"]["completion_tokens"], 12);
+                }
+            })
+        })
+        .collect();
+    // While they run, no engine ever has more busy slots than it has.
+    let watch = {
+        let client = client.clone();
+        let urls = [a.url.clone(), b.url.clone()];
+        tokio::spawn(async move {
+            for _ in 0..100 {
+                for u in &urls {
+                    let (_, slots) = get(&client, &format!("{u}/slots")).await;
+                    let busy = slots
+                        .as_array()
+                        .map_or(0, |s| s.iter().filter(|x| x["is_processing"] == true).count());
+                    assert!(busy <= 2, "{u}: {slots}");
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    for c in calls {
+        c.await.unwrap();
+    }
+    watch.abort();
+    let m = metrics(&client, &gw.url).await;
+    assert_eq!(sample(&m, "slotgate_retries_total{reason=\"slot_unavailable\"}"), 0.0, "{m}");
+    for e in [&a, &b] {
+        let served = sample(
+            &metrics(&client, &e.url).await,
+            &format!("slotgate_engine_requests_total{{model=\"{MODEL}\",status=\"200\"}}"),
+        );
+        assert!(served >= 1.0, "both engines took work");
+    }
+    let (_, admin) = get(&client, &format!("{}/admin/backends", gw.url)).await;
+    for b in admin["backends"].as_array().unwrap() {
+        assert_eq!(b["in_flight"], 0, "every claim released: {admin}");
+        assert_eq!(b["slots_total"], 2);
+    }
+    for name in [
+        "slotgate_backend_up{",
+        "slotgate_backend_slots_total{",
+        "slotgate_backend_slots_busy{",
+        "slotgate_requests_total{",
+        "slotgate_request_duration_seconds_bucket{",
+        "slotgate_time_to_first_token_seconds_bucket{",
+    ] {
+        assert!(m.contains(name), "{name} missing");
+    }
+}
+
+#[tokio::test]
+async fn requests_for_two_models_go_to_the_engines_that_serve_them() {
+    let alpha =
+        engine(&["--n-parallel", "1", "--ctx-len", "256", "--threads", "1", "--model-id", "alpha"]);
+    let beta =
+        engine(&["--n-parallel", "1", "--ctx-len", "256", "--threads", "1", "--model-id", "beta"]);
+    let gw = gateway(&[&alpha.url, &beta.url], &[]);
+    let client = client();
+    ready(&client, &gw, 2).await;
+    let (_, models) = get(&client, &format!("{}/v1/models", gw.url)).await;
+    let ids: Vec<&str> =
+        models["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["alpha", "beta"]);
+    let url = format!("{}/v1/chat/completions", gw.url);
+    let calls: Vec<_> = ["alpha", "beta", "alpha", "beta"]
+        .into_iter()
+        .map(|m| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move { (m, post(&client, &url, &chat(m, "Hello", 6, false)).await) })
+        })
+        .collect();
+    for c in calls {
+        let (m, (status, r)) = c.await.unwrap();
+        assert_eq!(status, 200, "{r}");
+        assert_eq!(r["model"], m);
+    }
+    for (engine, id) in [(&alpha, "alpha"), (&beta, "beta")] {
+        let served = sample(
+            &metrics(&client, &engine.url).await,
+            &format!("slotgate_engine_requests_total{{model=\"{id}\",status=\"200\"}}"),
+        );
+        assert_eq!(served, 2.0, "{id} served its own two");
+    }
+    let (status, r) = post(&client, &url, &chat("gamma", "x", 1, false)).await;
+    assert_eq!(status, 404);
+    assert_eq!(r["error"]["type"], "not_found_error");
+    assert!(!r.to_string().contains("127.0.0.1"), "no internals: {r}");
+}
+
+#[tokio::test]
+async fn a_killed_engine_fails_its_stream_cleanly_and_queued_work_moves_on() {
+    let mut a = engine(&["--n-parallel", "1", "--ctx-len", "512", "--threads", "1"]);
+    let b = engine(&["--n-parallel", "1", "--ctx-len", "512", "--threads", "1"]);
+    let gw = gateway(&[&a.url, &b.url], &[("SLOTGATE_ROUTING__QUEUE_TIMEOUT_MS", "60000")]);
+    let client = client();
+    ready(&client, &gw, 2).await;
+    let url = format!("{}/v1/chat/completions", gw.url);
+    let (started_tx, mut started_rx) = tokio::sync::mpsc::unbounded_channel();
+    let streams: Vec<_> = (0..2)
+        .map(|i| {
+            let (client, url, started) = (client.clone(), url.clone(), started_tx.clone());
+            tokio::spawn(async move {
+                let response = client
+                    .post(&url)
+                    .json(&chat(MODEL, &format!("Long story {i}:"), 400, true))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(response.status(), 200);
+                let mut decoder = slotgate_protocol::SseDecoder::new();
+                let (mut done, mut error) = (false, false);
+                let mut body = response.bytes_stream();
+                while let Some(chunk) = body.next().await {
+                    let Ok(chunk) = chunk else { break };
+                    for event in decoder.push(&chunk) {
+                        done |= event.is_done();
+                        error |= event.data.contains("\"error\"");
+                    }
+                    let _ = started.send(i);
+                }
+                (done, error)
+            })
+        })
+        .collect();
+    // Both engines are streaming, one each; two more requests wait in the queue.
+    let mut streaming = std::collections::HashSet::new();
+    while streaming.len() < 2 {
+        streaming.insert(started_rx.recv().await.unwrap());
+    }
+    let (_, admin) = get(&client, &format!("{}/admin/backends", gw.url)).await;
+    assert!(admin["backends"].as_array().unwrap().iter().all(|b| b["in_flight"] == 1), "{admin}");
+    let queued: Vec<_> = (0..2)
+        .map(|i| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move {
+                post(&client, &url, &chat(MODEL, &format!("Queued {i}"), 6, false)).await
+            })
+        })
+        .collect();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            sample(
+                &metrics(&client, &gw.url).await,
+                &format!("slotgate_queue_depth{{model=\"{MODEL}\"}}"),
+            ) == 2.0
+        })
+        .await
+    );
+    a.kill();
+    let mut outcomes = Vec::new();
+    for s in streams {
+        outcomes.push(s.await.unwrap());
+    }
+    outcomes.sort();
+    assert_eq!(
+        outcomes,
+        [(false, true), (true, false)],
+        "one stream ends with an error event, the other completes"
+    );
+    for q in queued {
+        let (status, r) = q.await.unwrap();
+        assert_eq!(status, 200, "queued request completed elsewhere: {r}");
+    }
+}
+
+#[tokio::test]
+async fn a_full_gateway_queue_is_a_clean_503_and_disconnects_free_the_engine_slot() {
+    let e = engine(&["--n-parallel", "1", "--ctx-len", "1024", "--threads", "2"]);
+    let gw = gateway(&[&e.url], &[("SLOTGATE_ROUTING__QUEUE_SIZE", "0")]);
+    let client = client();
+    ready(&client, &gw, 1).await;
+    let url = format!("{}/v1/chat/completions", gw.url);
+    let response = client
+        .post(&url)
+        .json(&chat(MODEL, "Tell me a very long story.", 900, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(response.headers().contains_key("x-request-id"));
+    let mut body = response.bytes_stream();
+    body.next().await.unwrap().unwrap();
+
+    let refused = client
+        .post(&url)
+        .header("x-request-id", "mine-42")
+        .json(&chat(MODEL, "Hi", 4, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 503);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    assert_eq!(refused.headers()["x-request-id"], "mine-42", "the client's id comes back");
+    let r: Value = refused.json().await.unwrap();
+    assert_eq!(r["error"]["code"], "slot_unavailable");
+
+    drop(body);
+    let slots = format!("{}/slots", e.url);
+    let freed = eventually(Duration::from_secs(10), || async {
+        get(&client, &slots).await.1[0]["is_processing"] == json!(false)
+    })
+    .await;
+    assert!(freed, "the engine freed the slot of the client that left");
+    let (status, _) = post(&client, &url, &chat(MODEL, "Hi", 4, false)).await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn refusals_and_resets_before_the_first_byte_are_retried_invisibly() {
+    let fake = Fake::start("fake", 1).await;
+    fake.push(&[Step::SlotUnavailable, Step::Reset]);
+    let gw = gateway(&[&fake.url], &[]);
+    let client = client();
+    ready(&client, &gw, 1).await;
+    let url = format!("{}/v1/chat/completions", gw.url);
+    let (status, r) = post(&client, &url, &json!({"model": "fake", "messages": [{"role": "user", "content": "x"}], "extra_field": {"kept": true}})).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["choices"][0]["message"]["content"], "ok");
+    assert_eq!(fake.requests.load(std::sync::atomic::Ordering::SeqCst), 3);
+    let m = metrics(&client, &gw.url).await;
+    assert_eq!(sample(&m, "slotgate_retries_total{reason=\"slot_unavailable\"}"), 1.0, "{m}");
+    assert_eq!(sample(&m, "slotgate_retries_total{reason=\"before_first_byte\"}"), 1.0, "{m}");
+}
+
+#[tokio::test]
+async fn a_backend_dying_mid_stream_ends_the_stream_with_an_error_event() {
+    let fake = Fake::start("fake", 1).await;
+    fake.push(&[Step::DieMidStream(3)]);
+    let gw = gateway(&[&fake.url], &[]);
+    let client = client();
+    ready(&client, &gw, 1).await;
+    let response = client
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .json(&json!({"model": "fake", "messages": [{"role": "user", "content": "x"}], "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut decoder = slotgate_protocol::SseDecoder::new();
+    let mut events = Vec::new();
+    let mut body = response.bytes_stream();
+    while let Some(chunk) = body.next().await {
+        events.extend(decoder.push(&chunk.expect("the stream closes cleanly")));
+    }
+    assert_eq!(events.len(), 4, "{events:?}");
+    assert!(events[..3].iter().all(|e| e.data.contains("\"content\"")));
+    let last: Value = serde_json::from_str(&events[3].data).unwrap();
+    assert_eq!(last["error"]["type"], "server_error");
+    assert_eq!(
+        fake.requests.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "a started stream is never retried"
+    );
+}
+
+#[tokio::test]
+async fn sigterm_drains_in_flight_streams_then_stops() {
+    let e = engine(&["--n-parallel", "1", "--ctx-len", "256"]);
+    let mut gw = gateway(&[&e.url], &[]);
+    let client = client();
+    ready(&client, &gw, 1).await;
+    let url = format!("{}/v1/chat/completions", gw.url);
+    let running = tokio::spawn({
+        let (client, url) = (client.clone(), url.clone());
+        async move { stream(&client, &url, &chat(MODEL, "Count slowly.", 40, true)).await }
+    });
+    let slots = format!("{}/slots", e.url);
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            get(&client, &slots).await.1[0]["is_processing"] == json!(true)
+        })
+        .await
+    );
+    let status =
+        tokio::task::spawn_blocking(move || gw.terminate(Duration::from_secs(30))).await.unwrap();
+    assert!(status.is_some_and(|s| s.success()), "gateway exited cleanly: {status:?}");
+    let (code, s) = running.await.unwrap();
+    assert_eq!(code, 200);
+    assert!(s.done, "the in-flight stream finished before the gateway stopped");
+}
+
+#[tokio::test]
+async fn supervised_engines_start_serve_and_restart() {
+    let dir = std::env::temp_dir().join(format!("slotgate-gw-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("gateway.toml");
+    let engine_bin = binary("slotgate-engine");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\n[routing]\nhealth_interval_ms = 100\nhealthy_threshold = 1\n\
+             [[engines]]\nmodel = {:?}\nn_parallel = 1\nctx_len = 256\nbinary = {:?}\nargs = [\"--threads\", \"2\"]\n",
+            model_path(),
+            engine_bin
+        ),
+    )
+    .unwrap();
+    let gw = Process::start(&binary("slotgate"), &["--config", config.to_str().unwrap()]);
+    let client = client();
+    ready(&client, &gw, 1).await;
+    let url = format!("{}/v1/chat/completions", gw.url);
+    let (status, _) = post(&client, &url, &chat(MODEL, "Hi", 4, false)).await;
+    assert_eq!(status, 200);
+
+    // Kill the engine behind the gateway's back: it is restarted and serves again.
+    let (_, admin) = get(&client, &format!("{}/admin/backends", gw.url)).await;
+    let old_url = admin["backends"][0]["url"].as_str().unwrap().to_owned();
+    let killed = std::process::Command::new("pkill")
+        .args(["-KILL", "-P", &gw.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let restarted = eventually(Duration::from_secs(60), || async {
+        let (_, admin) = get(&client, &format!("{}/admin/backends", gw.url)).await;
+        admin["backends"][0]["healthy"] == true && admin["backends"][0]["url"] != json!(old_url)
+    })
+    .await;
+    assert!(restarted, "engine restarted");
+    let (status, _) = post(&client, &url, &chat(MODEL, "Hi again", 4, false)).await;
+    assert_eq!(status, 200);
+    drop(gw);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
