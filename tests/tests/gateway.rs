@@ -373,6 +373,11 @@ async fn supervised_engines_start_serve_and_restart() {
     assert!(restarted, "engine restarted");
     let (status, _) = post(&client, &url, &chat(MODEL, "Hi again", 4, false)).await;
     assert_eq!(status, 200);
+
+    // OpenAI's Python SDK chats through the gateway, streamed and not.
+    let gw_url = gw.url.clone();
+    let out = tokio::task::spawn_blocking(move || python_client("openai_client.py", &[&gw_url, MODEL])).await.unwrap();
+    assert!(out.contains("openai sdk: ok"), "{out}");
     drop(gw);
     std::fs::remove_dir_all(&dir).unwrap();
 }

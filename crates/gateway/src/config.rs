@@ -262,3 +262,63 @@ impl GatewayConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+// figment's Jail returns its large error type from the test closures.
+#[allow(clippy::result_large_err)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_file_env_and_flags() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "gw.toml",
+                "listen = \"127.0.0.1:9000\"\n[[backends]]\nurl = \"http://127.0.0.1:8081\"\nweight = 3\n\
+                 [routing]\nqueue_size = 5\nmax_attempts = 4\n",
+            )?;
+            jail.set_env("SLOTGATE_ROUTING__QUEUE_SIZE", "7");
+            jail.set_env("SLOTGATE_ROUTING__POLICY", "least_requests");
+            let cli = Cli {
+                config: Some("gw.toml".into()),
+                listen: Some("127.0.0.1:0".into()),
+                backends: vec!["http://127.0.0.1:8082".into()],
+            };
+            let config = GatewayConfig::load(&cli).unwrap();
+            assert_eq!(config.listen, "127.0.0.1:0", "flag over file");
+            assert_eq!(config.routing.queue_size, 7, "env over file");
+            assert_eq!(config.routing.max_attempts, 4, "file over default");
+            assert_eq!(config.routing.policy, Policy::LeastRequests);
+            assert_eq!(config.routing.retry_backoff_ms, 25, "default");
+            assert_eq!(config.backends.len(), 2);
+            assert_eq!(config.backends[0].weight, 3);
+            assert_eq!(config.backends[1].url, "http://127.0.0.1:8082");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_named() {
+        figment::Jail::expect_with(|jail| {
+            let backend = || vec!["http://127.0.0.1:8081".to_owned()];
+            jail.create_file("a.toml", "[routing]\nqueue_sise = 3\n")?;
+            let err = GatewayConfig::load(&Cli { config: Some("a.toml".into()), backends: backend(), ..Cli::default() })
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("queue_sise"), "{err}");
+            jail.create_file("b.toml", "[[backends]]\nurl = \"ftp://x\"\n")?;
+            let err = GatewayConfig::load(&Cli { config: Some("b.toml".into()), ..Cli::default() }).unwrap_err().to_string();
+            assert!(err.contains("backends[0].url"), "{err}");
+            let err = GatewayConfig::load(&Cli::default()).unwrap_err().to_string();
+            assert!(err.contains("at least one backend"), "{err}");
+            let err = GatewayConfig::load(&Cli { listen: Some("nowhere".into()), backends: backend(), ..Cli::default() })
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("listen"), "{err}");
+            jail.set_env("SLOTGATE_ROUTING__MAX_ATTEMPTS", "0");
+            let err = GatewayConfig::load(&Cli { backends: backend(), ..Cli::default() }).unwrap_err().to_string();
+            assert!(err.contains("routing.max_attempts"), "{err}");
+            Ok(())
+        });
+    }
+}
