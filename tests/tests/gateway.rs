@@ -256,6 +256,13 @@ async fn a_full_gateway_queue_is_a_clean_503_and_disconnects_free_the_engine_slo
     })
     .await;
     assert!(freed, "the engine freed the slot of the client that left");
+    // The gateway's view converges within a health interval.
+    let admin = format!("{}/admin/backends", gw.url);
+    let released = eventually(Duration::from_secs(5), || async {
+        get(&client, &admin).await.1["backends"][0]["slots_busy"] == 0
+    })
+    .await;
+    assert!(released, "{}", get(&client, &admin).await.1);
     let (status, _) = post(&client, &url, &chat(MODEL, "Hi", 4, false)).await;
     assert_eq!(status, 200);
 }
@@ -376,7 +383,10 @@ async fn supervised_engines_start_serve_and_restart() {
 
     // OpenAI's Python SDK chats through the gateway, streamed and not.
     let gw_url = gw.url.clone();
-    let out = tokio::task::spawn_blocking(move || python_client("openai_client.py", &[&gw_url, MODEL])).await.unwrap();
+    let out =
+        tokio::task::spawn_blocking(move || python_client("openai_client.py", &[&gw_url, MODEL]))
+            .await
+            .unwrap();
     assert!(out.contains("openai sdk: ok"), "{out}");
     drop(gw);
     std::fs::remove_dir_all(&dir).unwrap();

@@ -32,8 +32,9 @@ struct Args {
 const ANSWER: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","created":0,"model":"fake","choices":[{"index":0,"message":{"role":"assistant","content":"This is a fixed answer from the fake backend."},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":10,"total_tokens":15}}"#;
 
 async fn fake_backend() -> anyhow::Result<String> {
-    let slots: Vec<Value> =
-        (0..4096).map(|i| json!({"id": i, "id_task": -1, "n_ctx": 4096, "is_processing": false})).collect();
+    let slots: Vec<Value> = (0..4096)
+        .map(|i| json!({"id": i, "id_task": -1, "n_ctx": 4096, "is_processing": false}))
+        .collect();
     let app = Router::new()
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/v1/models", get(|| async { Json(json!({"object": "list", "data": [{"id": "fake", "object": "model", "created": 0, "owned_by": "bench"}]})) }))
@@ -57,14 +58,24 @@ struct Run {
     p99_ms: f64,
 }
 
-async fn load(path: &'static str, url: &str, clients: usize, requests: usize) -> anyhow::Result<Run> {
-    let client = reqwest::Client::builder().pool_max_idle_per_host(clients).timeout(Duration::from_secs(30)).build()?;
-    let body = json!({"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10});
+async fn load(
+    path: &'static str,
+    url: &str,
+    clients: usize,
+    requests: usize,
+) -> anyhow::Result<Run> {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(clients)
+        .timeout(Duration::from_secs(30))
+        .build()?;
+    let body =
+        json!({"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10});
     let started = Instant::now();
     let per_client = requests / clients;
     let mut tasks = Vec::new();
     for _ in 0..clients {
-        let (client, url, body) = (client.clone(), format!("{url}/v1/chat/completions"), body.clone());
+        let (client, url, body) =
+            (client.clone(), format!("{url}/v1/chat/completions"), body.clone());
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::with_capacity(per_client);
             let mut errors = 0;
@@ -106,15 +117,30 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let backend = fake_backend().await?;
     let gateway_bin = std::env::current_exe()?.with_file_name("slotgate");
-    anyhow::ensure!(gateway_bin.is_file(), "{} missing: cargo build --release --bins", gateway_bin.display());
+    anyhow::ensure!(
+        gateway_bin.is_file(),
+        "{} missing: cargo build --release --bins",
+        gateway_bin.display()
+    );
     let gateway = Process::start_with_env(
         &gateway_bin,
         &["--listen", "127.0.0.1:0", "--backend", &backend],
-        &[("SLOTGATE_ROUTING__HEALTH_INTERVAL_MS", "200"), ("SLOTGATE_ROUTING__HEALTHY_THRESHOLD", "1"), ("RUST_LOG", "warn")],
+        &[
+            ("SLOTGATE_ROUTING__HEALTH_INTERVAL_MS", "200"),
+            ("SLOTGATE_ROUTING__HEALTHY_THRESHOLD", "1"),
+            ("RUST_LOG", "warn"),
+        ],
     );
     let probe = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while probe.get(format!("{}/health", gateway.url)).send().await.map(|r| r.status().is_success()).ok() != Some(true) {
+    while probe
+        .get(format!("{}/health", gateway.url))
+        .send()
+        .await
+        .map(|r| r.status().is_success())
+        .ok()
+        != Some(true)
+    {
         anyhow::ensure!(Instant::now() < deadline, "gateway never became healthy");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -130,13 +156,24 @@ async fn main() -> anyhow::Result<()> {
         let via = load("gateway", &gateway.url, clients, args.requests).await?;
         for r in [&direct, &via] {
             let (added50, added99, ratio) = if r.path == "gateway" {
-                (format!("{:.3}", r.p50_ms - direct.p50_ms), format!("{:.3}", r.p99_ms - direct.p99_ms), format!("{:.2}x", r.requests_per_second / direct.requests_per_second))
+                (
+                    format!("{:.3}", r.p50_ms - direct.p50_ms),
+                    format!("{:.3}", r.p99_ms - direct.p99_ms),
+                    format!("{:.2}x", r.requests_per_second / direct.requests_per_second),
+                )
             } else {
                 ("-".into(), "-".into(), "1.00x".into())
             };
             println!(
                 "{:>7} | {:<7} | {:>7.0} | {:>6.3} | {:>6.3} | {:>12} | {:>12} | {}",
-                r.clients, r.path, r.requests_per_second, r.p50_ms, r.p99_ms, added50, added99, ratio
+                r.clients,
+                r.path,
+                r.requests_per_second,
+                r.p50_ms,
+                r.p99_ms,
+                added50,
+                added99,
+                ratio
             );
         }
         runs.push(direct);

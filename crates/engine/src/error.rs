@@ -1,12 +1,10 @@
 //! The engine's one error type. Every error that reaches a client leaves as the
 //! OpenAI envelope, built in one `IntoResponse`.
 
-use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use slotgate_protocol::{ApiError, ErrorType};
 
-/// Seconds a client is told to wait before retrying a 503.
-pub const RETRY_AFTER_SECS: u32 = 1;
+pub use slotgate_http::{api_response, RETRY_AFTER_SECS};
 
 /// Everything that can go wrong in the engine.
 #[derive(Debug, thiserror::Error)]
@@ -49,18 +47,6 @@ impl EngineError {
             Self::Llama(_) | Self::Io(_) => ApiError::internal(),
         }
     }
-}
-
-/// Turns an [`ApiError`] into a response: the status of its type, the envelope as
-/// the body, and `Retry-After` on a 503.
-pub fn api_response(err: ApiError) -> Response {
-    let status = StatusCode::from_u16(err.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let retry = err.kind == ErrorType::UnavailableError;
-    let mut response = (status, axum::Json(err.into_envelope())).into_response();
-    if retry {
-        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
-    }
-    response
 }
 
 impl IntoResponse for EngineError {

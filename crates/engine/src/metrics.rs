@@ -1,8 +1,6 @@
 //! Prometheus metrics of the engine. Every series is labelled by `model`.
 
-use std::sync::OnceLock;
-
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::PrometheusHandle;
 
 /// Slots of a model (gauge).
 pub const SLOTS_TOTAL: &str = "slotgate_engine_slots_total";
@@ -29,23 +27,7 @@ pub const QUEUE_WAIT: &str = "slotgate_engine_queue_wait_seconds";
 /// Scheduler work per step outside llama.cpp's decode (histogram, seconds).
 pub const STEP_OVERHEAD: &str = "slotgate_engine_step_overhead_seconds";
 
-/// Installs the process's Prometheus recorder once and returns its handle.
+/// The process's Prometheus recorder.
 pub fn handle() -> PrometheusHandle {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-    HANDLE
-        .get_or_init(|| {
-            let buckets = [
-                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-                10.0, 30.0, 60.0,
-            ];
-            let builder = PrometheusBuilder::new()
-                .set_buckets(&buckets)
-                .unwrap_or_else(|_| PrometheusBuilder::new());
-            match builder.install_recorder() {
-                Ok(handle) => handle,
-                // Another recorder is installed (tests in one process): render a private one.
-                Err(_) => PrometheusBuilder::new().build_recorder().handle(),
-            }
-        })
-        .clone()
+    slotgate_http::prometheus()
 }

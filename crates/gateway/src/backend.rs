@@ -127,12 +127,15 @@ impl Backend {
     }
 
     /// Reconciles with what the backend's `/slots` says: its slot count, and how
-    /// many are busy beyond this gateway's own requests.
-    pub fn reconcile(&self, total: u32, busy: u32) {
+    /// many are busy beyond this gateway's own requests. `in_flight_before` is this
+    /// gateway's count when `/slots` was asked: a request released while the answer
+    /// was on its way is still in that answer, and must not count as someone else's.
+    pub fn reconcile(&self, total: u32, busy: u32, in_flight_before: u32) {
         if !self.fixed_slots {
             self.slots.store(total, Ordering::Release);
         }
-        self.foreign_busy.store(busy.saturating_sub(self.in_flight()), Ordering::Release);
+        let ours = self.in_flight().max(in_flight_before);
+        self.foreign_busy.store(busy.saturating_sub(ours), Ordering::Release);
     }
 
     /// The backend said it is full: treat every slot as busy until the next
@@ -182,10 +185,21 @@ mod tests {
         b.release();
         b.release();
         assert_eq!(b.in_flight(), 0);
-        b.reconcile(2, 1);
+        b.reconcile(2, 1, 0);
         assert_eq!(b.free(), 1);
         assert!(b.try_claim());
         assert!(!b.try_claim(), "a slot busy for others is not claimed");
+    }
+
+    #[test]
+    fn a_release_during_reconciliation_is_not_taken_for_a_foreign_slot() {
+        let b = backend(1);
+        assert!(b.try_claim());
+        let before = b.in_flight();
+        // /slots answers "1 busy" (ours), but the request ends before the answer lands.
+        b.release();
+        b.reconcile(1, 1, before);
+        assert_eq!(b.free(), 1);
     }
 
     #[test]

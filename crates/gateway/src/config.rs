@@ -302,21 +302,33 @@ mod tests {
         figment::Jail::expect_with(|jail| {
             let backend = || vec!["http://127.0.0.1:8081".to_owned()];
             jail.create_file("a.toml", "[routing]\nqueue_sise = 3\n")?;
-            let err = GatewayConfig::load(&Cli { config: Some("a.toml".into()), backends: backend(), ..Cli::default() })
-                .unwrap_err()
-                .to_string();
+            let err = GatewayConfig::load(&Cli {
+                config: Some("a.toml".into()),
+                backends: backend(),
+                ..Cli::default()
+            })
+            .unwrap_err()
+            .to_string();
             assert!(err.contains("queue_sise"), "{err}");
             jail.create_file("b.toml", "[[backends]]\nurl = \"ftp://x\"\n")?;
-            let err = GatewayConfig::load(&Cli { config: Some("b.toml".into()), ..Cli::default() }).unwrap_err().to_string();
+            let err = GatewayConfig::load(&Cli { config: Some("b.toml".into()), ..Cli::default() })
+                .unwrap_err()
+                .to_string();
             assert!(err.contains("backends[0].url"), "{err}");
             let err = GatewayConfig::load(&Cli::default()).unwrap_err().to_string();
             assert!(err.contains("at least one backend"), "{err}");
-            let err = GatewayConfig::load(&Cli { listen: Some("nowhere".into()), backends: backend(), ..Cli::default() })
-                .unwrap_err()
-                .to_string();
+            let err = GatewayConfig::load(&Cli {
+                listen: Some("nowhere".into()),
+                backends: backend(),
+                ..Cli::default()
+            })
+            .unwrap_err()
+            .to_string();
             assert!(err.contains("listen"), "{err}");
             jail.set_env("SLOTGATE_ROUTING__MAX_ATTEMPTS", "0");
-            let err = GatewayConfig::load(&Cli { backends: backend(), ..Cli::default() }).unwrap_err().to_string();
+            let err = GatewayConfig::load(&Cli { backends: backend(), ..Cli::default() })
+                .unwrap_err()
+                .to_string();
             assert!(err.contains("routing.max_attempts"), "{err}");
             Ok(())
         });

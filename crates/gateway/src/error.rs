@@ -1,12 +1,10 @@
 //! The gateway's one error type. Errors that reach a client leave as the OpenAI
 //! envelope; what went wrong upstream is logged, not sent.
 
-use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use slotgate_protocol::{ApiError, ErrorType};
+use slotgate_protocol::ApiError;
 
-/// Seconds a client is told to wait before retrying a 503.
-pub const RETRY_AFTER_SECS: u32 = 1;
+pub use slotgate_http::{api_response, RETRY_AFTER_SECS};
 
 /// Everything that can go wrong in the gateway.
 #[derive(Debug, thiserror::Error)]
@@ -20,18 +18,6 @@ pub enum GatewayError {
     /// Binding, spawning or serving failed.
     #[error(transparent)]
     Io(#[from] std::io::Error),
-}
-
-/// The response for an [`ApiError`]: its status, the envelope, and `Retry-After`
-/// on a 503.
-pub fn api_response(err: ApiError) -> Response {
-    let status = StatusCode::from_u16(err.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let retry = err.kind == ErrorType::UnavailableError;
-    let mut response = (status, axum::Json(err.into_envelope())).into_response();
-    if retry {
-        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
-    }
-    response
 }
 
 impl IntoResponse for GatewayError {

@@ -55,14 +55,15 @@ async fn check(pool: &Pool, client: &reqwest::Client, routing: &Routing, backend
             }
         }
     }
+    let in_flight = backend.in_flight();
     if let Ok(r) = client.get(format!("{url}/slots")).timeout(timeout).send().await {
         if let Ok(slots) = r.json::<Vec<SlotStatus>>().await {
             let counts = SlotCounts::of(&slots, None);
-            backend.reconcile(counts.total, counts.busy);
+            backend.reconcile(counts.total, counts.busy, in_flight);
         }
     } else if !backend.fixed_slots && backend.slots() == 0 {
         // No /slots at all: count it as one slot rather than none.
-        backend.reconcile(1, 0);
+        backend.reconcile(1, 0, in_flight);
     }
     let was_free = backend.free();
     if backend.check_passed(routing.healthy_threshold) {

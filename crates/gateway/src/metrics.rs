@@ -1,9 +1,7 @@
 //! Prometheus metrics of the gateway. Labels stay bounded: backends, models,
 //! statuses and retry reasons, never request ids or user text.
 
-use std::sync::OnceLock;
-
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::PrometheusHandle;
 
 /// 1 when a backend takes traffic (gauge; `backend`).
 pub const BACKEND_UP: &str = "slotgate_backend_up";
@@ -24,22 +22,7 @@ pub const DURATION: &str = "slotgate_request_duration_seconds";
 /// From arrival to the first byte of the answer (histogram, seconds; `model`).
 pub const TTFT: &str = "slotgate_time_to_first_token_seconds";
 
-/// Installs the process's recorder once and returns its handle.
+/// The process's Prometheus recorder.
 pub fn handle() -> PrometheusHandle {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-    HANDLE
-        .get_or_init(|| {
-            let buckets = [
-                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-                10.0, 30.0, 60.0,
-            ];
-            let builder = PrometheusBuilder::new()
-                .set_buckets(&buckets)
-                .unwrap_or_else(|_| PrometheusBuilder::new());
-            match builder.install_recorder() {
-                Ok(handle) => handle,
-                Err(_) => PrometheusBuilder::new().build_recorder().handle(),
-            }
-        })
-        .clone()
+    slotgate_http::prometheus()
 }

@@ -1,0 +1,78 @@
+//! HTTP pieces the engine and the gateway share: the one place an [`ApiError`]
+//! becomes a response, the shutdown signal, and the Prometheus recorder.
+
+use std::sync::OnceLock;
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use slotgate_protocol::{ApiError, ErrorType};
+
+/// Seconds a client is told to wait before retrying a 503.
+pub const RETRY_AFTER_SECS: u32 = 1;
+
+/// The response for an [`ApiError`]: the status of its type, the OpenAI envelope
+/// as the body, and `Retry-After` on a 503.
+pub fn api_response(err: ApiError) -> Response {
+    let status = StatusCode::from_u16(err.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let retry = err.kind == ErrorType::UnavailableError;
+    let mut response = (status, axum::Json(err.into_envelope())).into_response();
+    if retry {
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+    }
+    response
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`). Stdout is kept for the
+/// one `listening on http://ADDR` line that scripts read.
+pub fn init_tracing() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            s.recv().await;
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+    tracing::info!("shutdown signal received");
+}
+
+/// Installs the process's Prometheus recorder once, with latency buckets from
+/// 0.5 ms to 60 s, and returns its handle.
+pub fn prometheus() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let buckets = [
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0, 30.0, 60.0,
+            ];
+            let builder = PrometheusBuilder::new()
+                .set_buckets(&buckets)
+                .unwrap_or_else(|_| PrometheusBuilder::new());
+            match builder.install_recorder() {
+                Ok(handle) => handle,
+                // Another recorder is installed already: render a private one.
+                Err(_) => PrometheusBuilder::new().build_recorder().handle(),
+            }
+        })
+        .clone()
+}
