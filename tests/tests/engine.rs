@@ -440,6 +440,7 @@ async fn models_load_and_unload_at_run_time() {
         post(&client, &load, &json!({"model": "/nonexistent/x.gguf", "model_id": "x"})).await;
     assert_eq!(status, 400, "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("/nonexistent/x.gguf"), "{body}");
+    assert_eq!(body["error"]["param"], "model", "{body}");
     let not_gguf =
         std::env::temp_dir().join(format!("slotgate-not-a-model-{}.gguf", std::process::id()));
     std::fs::write(&not_gguf, b"this is not a model").unwrap();
@@ -565,4 +566,42 @@ async fn embeddings_are_refused_when_not_enabled() {
     .await;
     assert_eq!(status, 400, "{r}");
     assert!(r["error"]["message"].as_str().unwrap().contains("embedding"), "{r}");
+}
+
+/// With `cont_batching = false` a new request is admitted only when no slot is
+/// still reading its prompt; every request still completes.
+#[tokio::test]
+async fn without_continuous_batching_requests_still_all_complete() {
+    let engine = engine(&[
+        "--n-parallel",
+        "2",
+        "--ctx-len",
+        "512",
+        "--cont-batching",
+        "false",
+        "--batch-size",
+        "32",
+    ]);
+    let client = client();
+    let url = format!("{}/v1/completions", engine.url);
+    let long_prompt = "The quick brown fox jumps over the lazy dog. ".repeat(20);
+    let calls: Vec<_> = (0..4)
+        .map(|i| {
+            let (client, url) = (client.clone(), url.clone());
+            let prompt = if i % 2 == 0 { long_prompt.clone() } else { format!("Short prompt {i}") };
+            tokio::spawn(async move {
+                post(
+                    &client,
+                    &url,
+                    &json!({"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0}),
+                )
+                .await
+            })
+        })
+        .collect();
+    for c in calls {
+        let (status, r) = c.await.unwrap();
+        assert_eq!(status, 200, "{r}");
+        assert_eq!(r["usage"]["completion_tokens"], 8);
+    }
 }

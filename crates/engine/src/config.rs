@@ -84,7 +84,7 @@ impl ModelSettings {
     /// Checks every field; the error names the field and the reason.
     pub fn validate(&self) -> Result<(), EngineError> {
         let bad =
-            |field: &str, reason: String| Err(EngineError::Config(format!("{field}: {reason}")));
+            |field: &str, reason: String| Err(EngineError::Setting { field: field.into(), reason });
         match &self.model {
             None => return bad("model", "a model path is required".into()),
             Some(path) if !path.is_file() => {
@@ -324,13 +324,16 @@ impl EngineConfig {
     /// Checks every field; the error names the field and the reason.
     pub fn validate(&self) -> Result<(), EngineError> {
         if self.host.is_empty() {
-            return Err(EngineError::Config("host: must not be empty".into()));
+            return Err(EngineError::Setting {
+                field: "host".into(),
+                reason: "must not be empty".into(),
+            });
         }
         if self.max_body_bytes < 1024 {
-            return Err(EngineError::Config(format!(
-                "max_body_bytes: must be at least 1024, got {}",
-                self.max_body_bytes
-            )));
+            return Err(EngineError::Setting {
+                field: "max_body_bytes".into(),
+                reason: format!("must be at least 1024, got {}", self.max_body_bytes),
+            });
         }
         self.model.validate()
     }

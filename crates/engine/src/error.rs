@@ -12,9 +12,17 @@ pub enum EngineError {
     /// A request the client must change; sent as it is.
     #[error(transparent)]
     Api(#[from] ApiError),
-    /// A setting is wrong; names the field.
+    /// The configuration cannot be read.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// A setting has a value it cannot take.
+    #[error("invalid configuration: {field}: {reason}")]
+    Setting {
+        /// The setting.
+        field: String,
+        /// Why its value is refused.
+        reason: String,
+    },
     /// A model file could not be loaded.
     #[error("cannot load model {path}: {reason}")]
     Load {
@@ -41,6 +49,7 @@ impl EngineError {
             Self::Api(err) => err.clone(),
             Self::Load { .. } => ApiError::invalid("model", self.to_string()),
             Self::Config(msg) => ApiError::new(ErrorType::InvalidRequestError, msg.clone()),
+            Self::Setting { field, .. } => ApiError::invalid(field.clone(), self.to_string()),
             Self::SchedulerGone => {
                 ApiError::new(ErrorType::UnavailableError, "the engine is shutting down")
             }

@@ -158,6 +158,10 @@ impl Default for GatewayConfig {
     }
 }
 
+/// The top-level keys of [`GatewayConfig`], the only ones read from the environment.
+const TOP_LEVEL_KEYS: &[&str] =
+    &["listen", "backends", "engines", "routing", "drain_timeout_ms", "max_body_bytes"];
+
 /// Command-line flags.
 #[derive(Debug, Default, Parser)]
 #[command(name = "slotgate", version, about = "Slot-aware OpenAI gateway for llama.cpp engines")]
@@ -186,7 +190,14 @@ impl GatewayConfig {
             }
             figment = figment.merge(Toml::file(path));
         }
-        figment = figment.merge(Env::prefixed("SLOTGATE_").split("__").ignore(&["log"]));
+        // SLOTGATE_ is shared with other variables (the engine's SLOTGATE_ENGINE_*,
+        // the tests' SLOTGATE_TEST_*): only the gateway's own top-level keys are read.
+        let env = Env::prefixed("SLOTGATE_")
+            .filter(|key| {
+                TOP_LEVEL_KEYS.iter().any(|k| key.as_str().to_ascii_lowercase().starts_with(k))
+            })
+            .split("__");
+        figment = figment.merge(env);
         if let Some(listen) = &cli.listen {
             figment = figment.merge(Serialized::default("listen", listen));
         }
@@ -278,6 +289,8 @@ mod tests {
                  [routing]\nqueue_size = 5\nmax_attempts = 4\n",
             )?;
             jail.set_env("SLOTGATE_ROUTING__QUEUE_SIZE", "7");
+            jail.set_env("SLOTGATE_ENGINE_N_PARALLEL", "2");
+            jail.set_env("SLOTGATE_TEST_MODEL", "/x.gguf");
             jail.set_env("SLOTGATE_ROUTING__POLICY", "least_requests");
             let cli = Cli {
                 config: Some("gw.toml".into()),

@@ -107,9 +107,7 @@ pub async fn load(
         Err(err) => return api_response(err),
     };
     if let Err(err) = settings.validate() {
-        let message = err.to_string();
-        let param = message.split(':').nth(1).map(str::trim).unwrap_or("model").to_owned();
-        return api_response(ApiError::invalid(param, message));
+        return api_response(err.to_api());
     }
     match state.scheduler.load(settings).await {
         Ok(id) => {
