@@ -391,3 +391,30 @@ async fn supervised_engines_start_serve_and_restart() {
     drop(gw);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[tokio::test]
+async fn when_every_attempt_is_refused_the_client_gets_slot_unavailable() {
+    let fake = Fake::start("fake", 1).await;
+    fake.push(&[Step::SlotUnavailable, Step::SlotUnavailable, Step::SlotUnavailable]);
+    let gw = gateway(
+        &[&fake.url],
+        &[("SLOTGATE_ROUTING__MAX_ATTEMPTS", "3"), ("SLOTGATE_ROUTING__QUEUE_TIMEOUT_MS", "2000")],
+    );
+    let client = client();
+    ready(&client, &gw, 1).await;
+    let response = client
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .json(&json!({"model": "fake", "messages": [{"role": "user", "content": "x"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.headers()["retry-after"], "1");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "slot_unavailable", "{body}");
+    assert_eq!(
+        fake.requests.load(std::sync::atomic::Ordering::SeqCst),
+        3,
+        "max_attempts tries, no more"
+    );
+}

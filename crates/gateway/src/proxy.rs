@@ -124,6 +124,7 @@ async fn forward_inner(
     let routing = &state.config.routing;
     let mut exclude: Vec<usize> = Vec::new();
     let mut failures = 0;
+    let mut last = None;
     for attempt in 0..routing.max_attempts {
         if attempt > 0 {
             if !state.budget.withdraw() {
@@ -178,17 +179,14 @@ async fn forward_inner(
                     || status == StatusCode::TOO_MANY_REQUESTS
                 {
                     let bytes = upstream.bytes().await.unwrap_or_default();
-                    if is_retryable_refusal(status, &bytes) {
-                        backend.mark_full();
-                        exclude.push(backend.index);
-                        failures += 1;
-                        note_retry(Retry::SlotUnavailable, request_id, &backend.url());
-                        continue;
+                    if !is_retryable_refusal(status, &bytes) {
+                        count(model, &backend.url(), status.as_u16());
+                        return passthrough(status, &bytes);
                     }
-                    count(model, &backend.url(), status.as_u16());
-                    return passthrough(status, &bytes);
-                }
-                if peek.stream && status.is_success() {
+                    backend.mark_full();
+                    exclude.push(backend.index);
+                    Retry::SlotUnavailable
+                } else if peek.stream && status.is_success() {
                     match stream_response(upstream, claim, model, started).await {
                         Ok(response) => return response,
                         Err(()) => Retry::BeforeFirstByte,
@@ -210,12 +208,15 @@ async fn forward_inner(
             }
         };
         failures += 1;
+        last = Some(retry);
         note_retry(retry, request_id, &backend.url());
     }
-    let err = ApiError::new(
-        ErrorType::UnavailableError,
-        format!("no backend could answer after {failures} failed attempts; retry later"),
-    );
+    let message = format!("no backend could answer after {failures} failed attempts; retry later");
+    let err = match last {
+        // Every backend said it was full: the client may retry, as with a full queue.
+        Some(Retry::SlotUnavailable) => ApiError::slot_unavailable(message),
+        _ => ApiError::new(ErrorType::UnavailableError, message),
+    };
     count(model, "none", err.status());
     api_response(err)
 }
