@@ -63,6 +63,16 @@ pub async fn streamed(client: &reqwest::Client, url: &str, body: &Value) -> anyh
     anyhow::bail!("stream ended without [DONE]")
 }
 
+/// Writes a run's results as pretty JSON at `path`, creating its folder.
+pub fn write_results(path: &std::path::Path, results: &Value) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, serde_json::to_string_pretty(results)?)?;
+    println!("wrote {}", path.display());
+    Ok(())
+}
+
 /// The p-th percentile (0..=100) of durations, in milliseconds.
 pub fn percentile_ms(values: &[Duration], p: f64) -> f64 {
     if values.is_empty() {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use serde::Serialize;
 use serde_json::json;
-use slotgate_benches::{percentile_ms, streamed, Sample};
+use slotgate_benches::{percentile_ms, streamed, write_results, Sample};
 use slotgate_tests::{model_path, Process, MODEL};
 
 /// Reference figures from issue 3, measured on this kind of machine (2 cores) with
@@ -182,13 +182,5 @@ async fn main() -> anyhow::Result<()> {
         Some(us) => println!("scheduler work per step outside llama.cpp (mean): {us:.1} µs"),
         None => println!("scheduler work per step: not reported"),
     }
-    if let Some(dir) = args.out.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    std::fs::write(
-        &args.out,
-        serde_json::to_string_pretty(&json!({"runs": runs, "step_overhead_us": overhead_us}))?,
-    )?;
-    println!("wrote {}", args.out.display());
-    Ok(())
+    write_results(&args.out, &json!({"runs": runs, "step_overhead_us": overhead_us}))
 }

@@ -226,10 +226,5 @@ async fn main() -> anyhow::Result<()> {
             drop(gateway);
         }
     }
-    if let Some(dir) = args.out.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    std::fs::write(&args.out, serde_json::to_string_pretty(&json!({ "runs": runs }))?)?;
-    println!("wrote {}", args.out.display());
-    Ok(())
+    slotgate_benches::write_results(&args.out, &json!({ "runs": runs }))
 }
