@@ -235,6 +235,17 @@ pub async fn stream(client: &reqwest::Client, url: &str, body: &Value) -> (u16, 
     (status, out)
 }
 
+/// Waits (at most 30 s) until the first slot of the engine at `engine_url` is
+/// running a request; fails the test otherwise.
+pub async fn wait_slot_busy(client: &reqwest::Client, engine_url: &str) {
+    let url = format!("{engine_url}/slots");
+    let busy = eventually(Duration::from_secs(30), || async {
+        get(client, &url).await.1[0]["is_processing"] == Value::Bool(true)
+    })
+    .await;
+    assert!(busy, "the first slot of {engine_url} never became busy");
+}
+
 /// Polls `check` every 20 ms until it is true or `limit` passes.
 pub async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
 where

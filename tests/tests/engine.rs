@@ -34,13 +34,7 @@ async fn non_streamed_request_during_a_stream_waits_and_succeeds() {
         }
     });
     // Let the stream take the slot first.
-    let slots_url = format!("{}/slots", engine.url);
-    assert!(
-        eventually(Duration::from_secs(30), || async {
-            get(&client, &slots_url).await.1[0]["is_processing"] == json!(true)
-        })
-        .await
-    );
+    wait_slot_busy(&client, &engine.url).await;
     let plain = tokio::spawn({
         let (client, url) = (client.clone(), url.clone());
         async move { post(&client, &url, &chat_body("What is two plus two?", 8, false)).await }
@@ -72,13 +66,7 @@ async fn full_queue_is_a_clean_503_with_retry_after() {
         let (client, url) = (client.clone(), url.clone());
         async move { stream(&client, &url, &chat_body("Count to one hundred.", 60, true)).await }
     });
-    let slots_url = format!("{}/slots", engine.url);
-    assert!(
-        eventually(Duration::from_secs(30), || async {
-            get(&client, &slots_url).await.1[0]["is_processing"] == json!(true)
-        })
-        .await
-    );
+    wait_slot_busy(&client, &engine.url).await;
     for stream_it in [false, true] {
         let response = client.post(&url).json(&chat_body("Hi", 4, stream_it)).send().await.unwrap();
         assert_eq!(response.status().as_u16(), 503);
@@ -109,13 +97,7 @@ async fn queued_request_that_waits_too_long_gets_503() {
         let (client, url) = (client.clone(), url.clone());
         async move { stream(&client, &url, &chat_body("Count to one hundred.", 150, true)).await }
     });
-    let slots_url = format!("{}/slots", engine.url);
-    assert!(
-        eventually(Duration::from_secs(30), || async {
-            get(&client, &slots_url).await.1[0]["is_processing"] == json!(true)
-        })
-        .await
-    );
+    wait_slot_busy(&client, &engine.url).await;
     let started = Instant::now();
     let (status, body) = post(&client, &url, &chat_body("Hi", 4, false)).await;
     assert_eq!(status, 503, "{body}");
