@@ -1,186 +1,384 @@
-//! Engine throughput: generated tokens per second and time to first token at 1, 4
-//! and 8 concurrent streaming clients on the default model, and the scheduler's own
-//! work per step. Starts the release `slotgate-engine` itself.
+//! Engine throughput: `slotgate-engine` against llama.cpp's `llama-server` and
+//! llama-cpp-python's server on the default model, one at a time, with the same
+//! threads, per-slot context and (where the peer has them) parallel slots.
+//! Measures generated tokens per second and time to first token at 1, 2, 4 and 8
+//! concurrent streaming clients, and time to first token over the turns of a
+//! multi-turn conversation with the prompt cache on and off.
 //!
-//! `cargo build --release --bins && cargo run --release -p slotgate-benches --bin engine-throughput`
+//! `scripts/bench engine` builds llama-server, installs llama-cpp-python and runs this.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Parser;
 use serde::Serialize;
-use serde_json::json;
-use slotgate_benches::{percentile_ms, streamed, write_results, Sample};
+use serde_json::{json, Value};
+use slotgate_benches::{
+    by_target, fixed, free_port, ratio, request, run, runs_table, Arrival, Bodies, Chart, Load,
+    Output, Peer, Report, Table, Target,
+};
 use slotgate_tests::{model_path, Process, MODEL};
-
-/// Reference figures from issue 3, measured on this kind of machine (2 cores) with
-/// the default model and 2 threads: llama.cpp's llama-server and a bare batched
-/// llama-cpp-2 loop, generated tokens per second at 1, 4 and 8 clients.
-const LLAMA_SERVER: [(usize, f64); 3] = [(1, 47.0), (4, 65.0), (8, 86.0)];
-const BARE_LOOP: [(usize, f64); 3] = [(1, 60.0), (4, 79.0), (8, 124.0)];
 
 #[derive(Parser)]
 struct Args {
-    /// Concurrent clients, one run each.
-    #[arg(long, value_delimiter = ',', default_value = "1,4,8")]
+    /// Concurrent clients, one run each; the most of them is the number of slots.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
     clients: Vec<usize>,
+    /// Requests per client in each run.
+    #[arg(long, default_value_t = 3)]
+    requests_per_client: usize,
     /// Tokens each request generates.
     #[arg(long, default_value_t = 64)]
     max_tokens: u32,
-    /// Requests each client sends per run.
-    #[arg(long, default_value_t = 4)]
-    requests: usize,
-    /// Decoding threads of the engine.
+    /// Decoding threads, for every engine.
     #[arg(long, default_value_t = 2)]
     threads: u32,
-    /// Where to write the JSON results.
-    #[arg(long, default_value = "bench-results/engine-throughput.json")]
+    /// Context of one slot, in tokens, for every engine.
+    #[arg(long, default_value_t = 1024)]
+    ctx_len: u32,
+    /// Turns of the multi-turn conversation.
+    #[arg(long, default_value_t = 6)]
+    turns: usize,
+    /// llama.cpp's `llama-server`; skipped without it.
+    #[arg(long)]
+    llama_server: Option<PathBuf>,
+    /// The llama.cpp commit `llama-server` was built from, for the report.
+    #[arg(long, default_value = "unknown")]
+    llama_commit: String,
+    /// The Python of a virtual environment with `llama-cpp-python[server]`; skipped without it.
+    #[arg(long)]
+    llama_cpp_python: Option<PathBuf>,
+    /// Folder with the `libllama.so` llama-cpp-python should load (`LLAMA_CPP_LIB_PATH`).
+    #[arg(long)]
+    llama_lib: Option<PathBuf>,
+    /// Folder for the results.
+    #[arg(long, default_value = "bench-results")]
     out: PathBuf,
 }
 
-#[derive(Serialize)]
-struct Run {
-    clients: usize,
-    requests: usize,
-    generated_tokens: u64,
-    seconds: f64,
-    tokens_per_second: f64,
-    ttft_p50_ms: f64,
-    ttft_p90_ms: f64,
-    ttft_p99_ms: f64,
-    itl_p50_ms: f64,
-    itl_p99_ms: f64,
-    e2e_p50_ms: f64,
-    llama_server_reference: Option<f64>,
-    bare_loop_reference: Option<f64>,
+/// One turn of the conversation as one engine answered it.
+#[derive(Serialize, Clone)]
+struct Turn {
+    target: String,
+    cache: &'static str,
+    turn: usize,
+    prompt_chars: usize,
+    ttft_ms: f64,
+}
+
+/// The running engine under test, whichever it is.
+enum Running {
+    Ours(Process),
+    Peer(Peer),
+}
+
+impl Running {
+    fn url(&self) -> &str {
+        match self {
+            Self::Ours(p) => &p.url,
+            Self::Peer(p) => &p.url,
+        }
+    }
+}
+
+/// The long shared opening of the conversation: about 450 tokens, so that
+/// re-reading it is what the prompt cache saves.
+fn opening(conversation: &str) -> String {
+    let mut text = format!("Conversation {conversation}. The notes below describe a small city.\n");
+    for i in 0..24 {
+        text.push_str(&format!(
+            "Note {i}: district {i} has {} parks, {} schools and a market that opens at {} o'clock.\n",
+            i * 3 % 7 + 1,
+            i * 5 % 11 + 2,
+            i % 5 + 6
+        ));
+    }
+    text
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let exe = std::env::current_exe()?;
-    let engine_bin = exe.with_file_name("slotgate-engine");
-    anyhow::ensure!(
-        engine_bin.is_file(),
-        "{} missing: cargo build --release --bins",
-        engine_bin.display()
-    );
-    let max_clients = args.clients.iter().copied().max().unwrap_or(1);
+    let logs = args.out.join("logs");
     let model = model_path();
-    let n_parallel = max_clients.to_string();
-    let threads = args.threads.to_string();
-    let engine = Process::start(
-        &engine_bin,
-        &[
-            "--model",
-            model.to_str().unwrap_or_default(),
-            "--port",
-            "0",
-            "--threads",
-            &threads,
-            "--n-parallel",
-            &n_parallel,
-            "--ctx-len",
-            "1024",
-            "--queue-size",
-            "64",
-        ],
-    );
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(300)).build()?;
-    let url = format!("{}/v1/completions", engine.url);
+    let model_str = model.to_str().unwrap_or_default().to_owned();
+    let slots = args.clients.iter().copied().max().unwrap_or(1);
+    let (threads, ctx_len) = (args.threads.to_string(), args.ctx_len);
+    // llama-server closes idle connections after a few seconds; a pooled one it has
+    // closed would fail the next run's first request, so none is kept that long.
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(64)
+        .pool_idle_timeout(Duration::from_secs(1))
+        .build()?;
 
-    // Warm up once: the first decode allocates buffers.
-    let warm = json!({"model": MODEL, "prompt": "Hello", "max_tokens": 8, "stream": true,
-                      "stream_options": {"include_usage": true}});
-    streamed(&client, &url, &warm).await?;
-
-    let mut runs = Vec::new();
-    for &clients in &args.clients {
-        let started = Instant::now();
-        let mut tasks = Vec::new();
-        for c in 0..clients {
-            let (client, url) = (client.clone(), url.clone());
-            let (requests, max_tokens) = (args.requests, args.max_tokens);
-            tasks.push(tokio::spawn(async move {
-                let mut samples = Vec::new();
-                for r in 0..requests {
-                    // Distinct prompts, so the prompt cache does not flatter the numbers;
-                    // min_tokens-like behaviour comes from a prompt that rarely ends.
-                    let body = json!({"model": MODEL, "max_tokens": max_tokens, "stream": true,
-                        "stream_options": {"include_usage": true}, "cache_prompt": false,
-                        "prompt": format!("Client {c} request {r}: here is a long list of fruits: apple, pear,")});
-                    samples.push(streamed(&client, &url, &body).await?);
+    let mut names = vec!["slotgate-engine"];
+    if args.llama_server.is_some() {
+        names.push("llama-server");
+    }
+    if args.llama_cpp_python.is_some() {
+        names.push("llama-cpp-python");
+    }
+    let mut reports: Vec<Report> = Vec::new();
+    let mut turns: Vec<Turn> = Vec::new();
+    let mut step_overhead_us = None;
+    for name in names {
+        let engine = match name {
+            "slotgate-engine" => {
+                let bin = std::env::current_exe()?.with_file_name("slotgate-engine");
+                anyhow::ensure!(
+                    bin.is_file(),
+                    "{} missing: cargo build --release --bins",
+                    bin.display()
+                );
+                Running::Ours(Process::start(
+                    &bin,
+                    &[
+                        "--model",
+                        &model_str,
+                        "--port",
+                        "0",
+                        "--threads",
+                        &threads,
+                        "--n-parallel",
+                        &slots.to_string(),
+                        "--ctx-len",
+                        &ctx_len.to_string(),
+                        "--queue-size",
+                        "64",
+                    ],
+                ))
+            }
+            "llama-server" => {
+                let port = free_port()?;
+                let mut command = std::process::Command::new(
+                    args.llama_server.as_ref().unwrap_or(&PathBuf::new()),
+                );
+                // llama-server's -c is the whole KV cache, split evenly over -np slots.
+                command.args([
+                    "-m",
+                    &model_str,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    &port.to_string(),
+                    "-t",
+                    &threads,
+                    "-tb",
+                    &threads,
+                    "-np",
+                    &slots.to_string(),
+                    "-c",
+                    &(ctx_len as usize * slots).to_string(),
+                    "-a",
+                    MODEL,
+                ]);
+                Running::Peer(
+                    Peer::start(name, command, port, "/health", &logs, Duration::from_secs(120))
+                        .await?,
+                )
+            }
+            _ => {
+                let port = free_port()?;
+                let mut command = std::process::Command::new(
+                    args.llama_cpp_python.as_ref().unwrap_or(&PathBuf::new()),
+                );
+                // One context: llama-cpp-python's server answers one request at a time.
+                // By default a new request interrupts the one being streamed (which
+                // then ends early); turned off, so that every answer is whole.
+                command.args([
+                    "-m",
+                    "llama_cpp.server",
+                    "--model",
+                    &model_str,
+                    "--model_alias",
+                    MODEL,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    &port.to_string(),
+                    "--n_threads",
+                    &threads,
+                    "--n_threads_batch",
+                    &threads,
+                    "--n_ctx",
+                    &ctx_len.to_string(),
+                    "--interrupt_requests",
+                    "False",
+                ]);
+                if let Some(lib) = &args.llama_lib {
+                    command.env("LLAMA_CPP_LIB_PATH", lib);
                 }
-                anyhow::Ok(samples)
-            }));
-        }
-        let mut samples: Vec<Sample> = Vec::new();
-        for t in tasks {
-            samples.extend(t.await??);
-        }
-        let seconds = started.elapsed().as_secs_f64();
-        let generated: u64 = samples.iter().map(|s| s.tokens).sum();
-        let ttft: Vec<Duration> = samples.iter().map(|s| s.ttft).collect();
-        let gaps: Vec<Duration> = samples.iter().flat_map(|s| s.gaps.iter().copied()).collect();
-        let e2e: Vec<Duration> = samples.iter().map(|s| s.total).collect();
-        let reference =
-            |table: &[(usize, f64)]| table.iter().find(|(c, _)| *c == clients).map(|(_, v)| *v);
-        runs.push(Run {
-            clients,
-            requests: samples.len(),
-            generated_tokens: generated,
-            seconds,
-            tokens_per_second: generated as f64 / seconds,
-            ttft_p50_ms: percentile_ms(&ttft, 50.0),
-            ttft_p90_ms: percentile_ms(&ttft, 90.0),
-            ttft_p99_ms: percentile_ms(&ttft, 99.0),
-            itl_p50_ms: percentile_ms(&gaps, 50.0),
-            itl_p99_ms: percentile_ms(&gaps, 99.0),
-            e2e_p50_ms: percentile_ms(&e2e, 50.0),
-            llama_server_reference: reference(&LLAMA_SERVER),
-            bare_loop_reference: reference(&BARE_LOOP),
+                Running::Peer(
+                    Peer::start(name, command, port, "/v1/models", &logs, Duration::from_secs(120))
+                        .await?,
+                )
+            }
+        };
+        let target = Target::new(name, format!("{}/v1/completions", engine.url()));
+        eprintln!("{name}: started at {}", engine.url());
+
+        // Warm up: the first decode allocates buffers.
+        let warm = json!({"model": MODEL, "prompt": "Hello", "max_tokens": 8});
+        request(&client, &target, &warm, Duration::from_secs(120))
+            .await
+            .map_err(|e| anyhow::anyhow!("{name} warm-up: {e}"))?;
+
+        let max_tokens = args.max_tokens;
+        // Distinct prompts, and no prompt cache, so that every request does the
+        // same work on every engine; a list rarely ends before max_tokens.
+        let bodies: Bodies = Arc::new(move |i| {
+            json!({"model": MODEL, "max_tokens": max_tokens, "stream": true,
+                "stream_options": {"include_usage": true}, "cache_prompt": false,
+                "prompt": format!("Request {i}: here is a long list of fruits: apple, pear,")})
         });
+        for &clients in &args.clients {
+            let load = Load {
+                arrival: Arrival::Closed { clients },
+                requests: clients * args.requests_per_client,
+                duration: Duration::from_secs(300),
+                timeout: Duration::from_secs(300),
+            };
+            let report = run(&client, &target, load, &bodies).await;
+            eprintln!(
+                "{name} {clients} clients: {:.1} tok/s, TTFT p50 {:.0} ms, errors {}",
+                report.tokens_per_second,
+                report.ttft_ms.p50,
+                report.errors_label()
+            );
+            reports.push(report);
+        }
+
+        // The multi-turn conversation: each turn sends the whole transcript so far.
+        let caches: &[(&'static str, Option<bool>)] = if name == "llama-cpp-python" {
+            &[("default", None)]
+        } else {
+            &[("on", Some(true)), ("off", Some(false))]
+        };
+        for (label, cache) in caches {
+            let mut transcript = opening(label);
+            for turn in 1..=args.turns {
+                transcript
+                    .push_str(&format!("User: What is in district {}?\nAssistant:", turn * 3));
+                let mut body = json!({"model": MODEL, "prompt": transcript, "max_tokens": 24,
+                    "temperature": 0, "stream": true, "stream_options": {"include_usage": true}});
+                if let Some(cache) = cache {
+                    body["cache_prompt"] = Value::Bool(*cache);
+                }
+                let sample = request(&client, &target, &body, Duration::from_secs(120))
+                    .await
+                    .map_err(|e| anyhow::anyhow!("{name} turn {turn}: {e}"))?;
+                turns.push(Turn {
+                    target: name.to_owned(),
+                    cache: label,
+                    turn,
+                    prompt_chars: transcript.len(),
+                    ttft_ms: sample.ttft.as_secs_f64() * 1000.0,
+                });
+                transcript.push_str(&sample.text);
+                transcript.push('\n');
+            }
+        }
+        if let Running::Ours(p) = &engine {
+            step_overhead_us = step_overhead(&client, &p.url).await;
+        }
+        drop(engine);
     }
 
-    let metrics = client.get(format!("{}/metrics", engine.url)).send().await?.text().await?;
+    let mut out = Output::new(&args.out, "engine-throughput");
+    out.text(&format!(
+        "Model `{MODEL}`, {} threads, {ctx_len} tokens of context per slot, {slots} slots \
+         (llama-cpp-python: one context, `--interrupt_requests False`), {} tokens per request, streamed; \
+         llama-server built from llama.cpp `{}`.\n",
+        args.threads, args.max_tokens, args.llama_commit
+    ));
+    out.text(&runs_table(&reports).markdown());
+    if let Some(us) = step_overhead_us {
+        out.text(&format!(
+            "slotgate-engine's own work per decode step, outside llama.cpp \
+             (`slotgate_engine_step_overhead_seconds`, mean over the runs above): {us:.0} µs.\n"
+        ));
+    }
+    let mut vs = Table::new(&[
+        "clients",
+        "slotgate-engine tok/s",
+        "vs llama-server",
+        "vs llama-cpp-python",
+        "TTFT p50 vs llama-server",
+    ]);
+    let find = |name: &str, clients: usize| {
+        reports.iter().find(|r| r.target == name && r.arrival.x() == clients as f64)
+    };
+    for &clients in &args.clients {
+        let Some(ours) = find("slotgate-engine", clients) else { continue };
+        let peer = |name: &str, value: fn(&Report) -> f64| {
+            find(name, clients).map_or("-".to_owned(), |p| ratio(value(ours), value(p)))
+        };
+        vs.row(vec![
+            clients.to_string(),
+            fixed(ours.tokens_per_second, 1),
+            peer("llama-server", |r| r.tokens_per_second),
+            peer("llama-cpp-python", |r| r.tokens_per_second),
+            peer("llama-server", |r| r.ttft_ms.p50),
+        ]);
+    }
+    out.text(&vs.markdown());
+    out.chart(
+        "tokens",
+        &Chart::new("Generated tokens per second", "concurrent clients", "tok/s", false)
+            .lines(by_target(&reports, |r| r.tokens_per_second)),
+    )?;
+    out.chart(
+        "ttft",
+        &Chart::new("Time to first token, p50", "concurrent clients", "ms", true)
+            .lines(by_target(&reports, |r| r.ttft_ms.p50)),
+    )?;
+
+    let mut cache_table = Table::new(&[
+        "engine",
+        "prompt cache",
+        "TTFT turn 1 ms",
+        "TTFT turns 2+ mean ms",
+        "TTFT by turn ms",
+    ]);
+    let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for t in &turns {
+        let key = format!("{}, cache {}", t.target, t.cache);
+        match series.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, points)) => points.push((t.turn as f64, t.ttft_ms)),
+            None => series.push((key, vec![(t.turn as f64, t.ttft_ms)])),
+        }
+    }
+    for (key, points) in &series {
+        let (engine, cache) = key.split_once(", cache ").unwrap_or((key, ""));
+        let later: Vec<f64> = points.iter().skip(1).map(|p| p.1).collect();
+        cache_table.row(vec![
+            engine.to_owned(),
+            cache.to_owned(),
+            fixed(points.first().map_or(f64::NAN, |p| p.1), 0),
+            fixed(later.iter().sum::<f64>() / later.len().max(1) as f64, 0),
+            points.iter().map(|p| fixed(p.1, 0)).collect::<Vec<_>>().join(", "),
+        ]);
+    }
+    out.text(&cache_table.markdown());
+    out.chart(
+        "turns",
+        &Chart::new("Multi-turn chat: time to first token by turn", "turn", "ms", true)
+            .lines(series),
+    )?;
+    out.finish(&json!({"runs": reports, "turns": turns, "llama_commit": args.llama_commit,
+        "step_overhead_us": step_overhead_us}))
+}
+
+/// The mean of the engine's step-overhead histogram, in microseconds.
+async fn step_overhead(client: &reqwest::Client, engine: &str) -> Option<f64> {
+    let metrics = client.get(format!("{engine}/metrics")).send().await.ok()?.text().await.ok()?;
     let metric = |name: &str| {
         metrics
             .lines()
             .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse::<f64>().ok()))
     };
-    let overhead_us = match (
-        metric("slotgate_engine_step_overhead_seconds_sum "),
-        metric("slotgate_engine_step_overhead_seconds_count "),
-    ) {
-        (Some(sum), Some(count)) if count > 0.0 => Some(sum / count * 1e6),
-        _ => None,
-    };
-    drop(engine);
-
-    println!("engine throughput, default model, {} threads, n_parallel {max_clients}, {} tokens per request", args.threads, args.max_tokens);
-    println!("clients | tok/s  | vs 1 client | vs llama-server | vs bare loop | TTFT p50/p90/p99 ms | ITL p50/p99 ms");
-    let base = runs.first().map_or(1.0, |r| r.tokens_per_second);
-    for r in &runs {
-        let ratio = |reference: Option<f64>| {
-            reference.map_or("-".to_owned(), |v| format!("{:.2}x", r.tokens_per_second / v))
-        };
-        println!(
-            "{:>7} | {:>6.1} | {:>10.2}x | {:>15} | {:>12} | {:>6.0} / {:>5.0} / {:>5.0} | {:>5.1} / {:>5.1}",
-            r.clients,
-            r.tokens_per_second,
-            r.tokens_per_second / base,
-            ratio(r.llama_server_reference),
-            ratio(r.bare_loop_reference),
-            r.ttft_p50_ms,
-            r.ttft_p90_ms,
-            r.ttft_p99_ms,
-            r.itl_p50_ms,
-            r.itl_p99_ms,
-        );
-    }
-    match overhead_us {
-        Some(us) => println!("scheduler work per step outside llama.cpp (mean): {us:.1} µs"),
-        None => println!("scheduler work per step: not reported"),
-    }
-    write_results(&args.out, &json!({"runs": runs, "step_overhead_us": overhead_us}))
+    let sum = metric("slotgate_engine_step_overhead_seconds_sum ")?;
+    let count = metric("slotgate_engine_step_overhead_seconds_count ")?;
+    (count > 0.0).then(|| sum / count * 1e6)
 }

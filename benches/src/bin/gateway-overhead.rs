@@ -1,36 +1,55 @@
-//! Gateway overhead: the same fast fake backend (a fixed chat completion, plain or
-//! streamed) reached directly and through `slotgate`, under the same closed-loop
-//! load. Reports latency p50/p99, the latency the gateway adds, and throughput as
-//! ratios against the direct path.
+//! Gateway overhead: one fast fake backend (a fixed chat completion, plain or
+//! streamed in eight chunks) reached directly, through `slotgate`, through nginx as
+//! a plain reverse proxy, and through LiteLLM's proxy, under the same closed-loop
+//! load. Reports the latency each path adds at p50 and p99, and the throughput
+//! each sustains, as ratios against the direct path.
 //!
-//! `cargo build --release --bins && cargo run --release -p slotgate-benches --bin gateway-overhead`
+//! `scripts/bench gateway` installs nginx and LiteLLM and runs this.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use clap::Parser;
-use serde::Serialize;
 use serde_json::{json, Value};
-use slotgate_benches::percentile_ms;
+use slotgate_benches::{
+    by_target, fixed, free_port, ratio, run, Arrival, Bodies, Chart, Load, Output, Peer, Report,
+    Table, Target,
+};
 use slotgate_tests::Process;
 
 #[derive(Parser)]
 struct Args {
-    /// Concurrent clients, one run each.
+    /// Concurrent clients of the plain (not streamed) runs.
     #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
     clients: Vec<usize>,
-    /// Requests per run.
-    #[arg(long, default_value_t = 4000)]
+    /// Concurrent clients of the streamed runs.
+    #[arg(long, value_delimiter = ',', default_value = "1,8")]
+    stream_clients: Vec<usize>,
+    /// At most this many requests per run.
+    #[arg(long, default_value_t = 3000)]
     requests: usize,
-    /// Where to write the JSON results.
-    #[arg(long, default_value = "bench-results/gateway-overhead.json")]
+    /// No request starts after this many seconds of a run.
+    #[arg(long, default_value_t = 15)]
+    duration_s: u64,
+    /// nginx's binary; its path is skipped without it.
+    #[arg(long)]
+    nginx: Option<PathBuf>,
+    /// LiteLLM's `litellm` command, from its own virtual environment; skipped without it.
+    #[arg(long)]
+    litellm: Option<PathBuf>,
+    /// Folder for the results.
+    #[arg(long, default_value = "bench-results")]
     out: PathBuf,
 }
 
-const ANSWER: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","created":0,"model":"fake","choices":[{"index":0,"message":{"role":"assistant","content":"This is a fixed answer from the fake backend."},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":10,"total_tokens":15}}"#;
+const ANSWER: &str = "This is a fixed answer from the fake backend.";
 
+/// The fake: answers every chat completion at once, in one piece or as eight
+/// chunks, a usage chunk and `[DONE]`.
 async fn fake_backend() -> anyhow::Result<String> {
     let slots: Vec<Value> = (0..4096)
         .map(|i| json!({"id": i, "id_task": -1, "n_ctx": 4096, "is_processing": false}))
@@ -39,82 +58,109 @@ async fn fake_backend() -> anyhow::Result<String> {
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/v1/models", get(|| async { Json(json!({"object": "list", "data": [{"id": "fake", "object": "model", "created": 0, "owned_by": "bench"}]})) }))
         .route("/slots", get(move || { let slots = slots.clone(); async move { Json(slots) } }))
-        .route("/v1/chat/completions", post(|| async { ([("content-type", "application/json")], ANSWER) }));
+        .route("/v1/chat/completions", post(fake_chat));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
     tokio::spawn(async move { axum::serve(listener, app).await });
     Ok(url)
 }
 
-#[derive(Serialize, Clone)]
-struct Run {
-    path: &'static str,
-    clients: usize,
-    requests: usize,
-    errors: usize,
-    seconds: f64,
-    requests_per_second: f64,
-    p50_ms: f64,
-    p99_ms: f64,
+async fn fake_chat(Json(body): Json<Value>) -> axum::response::Response {
+    let usage = json!({"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13});
+    if body["stream"] != Value::Bool(true) {
+        return Json(json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "fake",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": ANSWER}, "logprobs": null, "finish_reason": "stop"}],
+            "usage": usage}))
+        .into_response();
+    }
+    let chunk = |delta: Value, finish: Value| {
+        json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0, "model": "fake",
+            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
+    };
+    let mut events = String::new();
+    let words: Vec<&str> = ANSWER.split_inclusive(' ').collect();
+    for (i, word) in words.iter().enumerate() {
+        let delta = if i == 0 {
+            json!({"role": "assistant", "content": word})
+        } else {
+            json!({"content": word})
+        };
+        events.push_str(&format!("data: {}\n\n", chunk(delta, Value::Null)));
+    }
+    events.push_str(&format!("data: {}\n\n", chunk(json!({}), json!("stop"))));
+    events.push_str(&format!(
+        "data: {}\n\n",
+        json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0, "model": "fake", "choices": [], "usage": usage})
+    ));
+    events.push_str("data: [DONE]\n\n");
+    ([("content-type", "text/event-stream")], events).into_response()
 }
 
-async fn load(
-    path: &'static str,
-    url: &str,
-    clients: usize,
-    requests: usize,
-) -> anyhow::Result<Run> {
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(clients)
-        .timeout(Duration::from_secs(30))
-        .build()?;
-    let body =
-        json!({"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10});
-    let started = Instant::now();
-    let per_client = requests / clients;
-    let mut tasks = Vec::new();
-    for _ in 0..clients {
-        let (client, url, body) =
-            (client.clone(), format!("{url}/v1/chat/completions"), body.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut latencies = Vec::with_capacity(per_client);
-            let mut errors = 0;
-            for _ in 0..per_client {
-                let t = Instant::now();
-                match client.post(&url).json(&body).send().await {
-                    Ok(r) if r.status().is_success() => {
-                        let _ = r.bytes().await;
-                        latencies.push(t.elapsed());
-                    }
-                    _ => errors += 1,
-                }
+async fn wait_healthy(url: &str) -> anyhow::Result<()> {
+    let probe = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Ok(r) = probe.get(format!("{url}/health")).send().await {
+            if r.status().is_success() {
+                return Ok(());
             }
-            (latencies, errors)
-        }));
+        }
+        anyhow::ensure!(Instant::now() < deadline, "{url} never became healthy");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let mut latencies = Vec::new();
-    let mut errors = 0;
-    for t in tasks {
-        let (l, e) = t.await?;
-        latencies.extend(l);
-        errors += e;
-    }
-    let seconds = started.elapsed().as_secs_f64();
-    Ok(Run {
-        path,
-        clients,
-        requests: latencies.len(),
-        errors,
-        seconds,
-        requests_per_second: latencies.len() as f64 / seconds,
-        p50_ms: percentile_ms(&latencies, 50.0),
-        p99_ms: percentile_ms(&latencies, 99.0),
-    })
+}
+
+async fn start_nginx(nginx: &Path, backend: &str, logs: &Path) -> anyhow::Result<Peer> {
+    let dir = std::env::temp_dir().join(format!("slotgate-bench-nginx-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("tmp"))?;
+    let port = free_port()?;
+    let upstream = backend.trim_start_matches("http://");
+    let d = dir.display();
+    // A plain reverse proxy, as nginx's documentation sets one up for streaming
+    // upstreams: HTTP/1.1 with kept-alive upstream connections, no buffering.
+    let conf = format!(
+        "worker_processes 2;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+         events {{ worker_connections 4096; }}\n\
+         http {{\n  access_log off;\n  client_body_temp_path {d}/tmp;\n  proxy_temp_path {d}/tmp;\n\
+           fastcgi_temp_path {d}/tmp;\n  uwsgi_temp_path {d}/tmp;\n  scgi_temp_path {d}/tmp;\n\
+           upstream fake {{ server {upstream}; keepalive 256; }}\n\
+           server {{\n    listen 127.0.0.1:{port};\n    location / {{\n      proxy_pass http://fake;\n\
+               proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n    }}\n  }}\n}}\n"
+    );
+    std::fs::write(dir.join("nginx.conf"), conf)?;
+    let mut command = std::process::Command::new(nginx);
+    command.arg("-p").arg(&dir).arg("-c").arg(dir.join("nginx.conf")).args(["-g", "daemon off;"]);
+    Peer::start("nginx", command, port, "/health", logs, Duration::from_secs(15)).await
+}
+
+const LITELLM_KEY: &str = "sk-slotgate-bench";
+
+async fn start_litellm(litellm: &Path, backend: &str, logs: &Path) -> anyhow::Result<Peer> {
+    let port = free_port()?;
+    let config = logs.join("litellm.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "model_list:\n  - model_name: fake\n    litellm_params:\n      model: openai/fake\n      \
+             api_base: {backend}/v1\n      api_key: none\n"
+        ),
+    )?;
+    let mut command = std::process::Command::new(litellm);
+    command
+        .arg("--config")
+        .arg(&config)
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .env("LITELLM_MASTER_KEY", LITELLM_KEY)
+        .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        .env("LITELLM_LOG", "ERROR");
+    Peer::start("litellm", command, port, "/health/liveliness", logs, Duration::from_secs(240))
+        .await
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let logs = args.out.join("logs");
     let backend = fake_backend().await?;
     let gateway_bin = std::env::current_exe()?.with_file_name("slotgate");
     anyhow::ensure!(
@@ -131,54 +177,148 @@ async fn main() -> anyhow::Result<()> {
             ("RUST_LOG", "warn"),
         ],
     );
-    let probe = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while probe
-        .get(format!("{}/health", gateway.url))
-        .send()
-        .await
-        .map(|r| r.status().is_success())
-        .ok()
-        != Some(true)
-    {
-        anyhow::ensure!(Instant::now() < deadline, "gateway never became healthy");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    // Warm both paths.
-    load("direct", &backend, 4, 400).await?;
-    load("gateway", &gateway.url, 4, 400).await?;
+    wait_healthy(&gateway.url).await?;
+    let nginx = match &args.nginx {
+        Some(path) => Some(start_nginx(path, &backend, &logs).await?),
+        None => None,
+    };
+    let litellm = match &args.litellm {
+        Some(path) => Some(start_litellm(path, &backend, &logs).await?),
+        None => None,
+    };
 
-    let mut runs = Vec::new();
-    println!("gateway overhead, fake backend, {} requests per run", args.requests);
-    println!("clients | path    | req/s   | p50 ms | p99 ms | added p50 ms | added p99 ms | throughput vs direct");
-    for &clients in &args.clients {
-        let direct = load("direct", &backend, clients, args.requests).await?;
-        let via = load("gateway", &gateway.url, clients, args.requests).await?;
-        for r in [&direct, &via] {
-            let (added50, added99, ratio) = if r.path == "gateway" {
-                (
-                    format!("{:.3}", r.p50_ms - direct.p50_ms),
-                    format!("{:.3}", r.p99_ms - direct.p99_ms),
-                    format!("{:.2}x", r.requests_per_second / direct.requests_per_second),
-                )
-            } else {
-                ("-".into(), "-".into(), "1.00x".into())
-            };
-            println!(
-                "{:>7} | {:<7} | {:>7.0} | {:>6.3} | {:>6.3} | {:>12} | {:>12} | {}",
-                r.clients,
-                r.path,
-                r.requests_per_second,
-                r.p50_ms,
-                r.p99_ms,
-                added50,
-                added99,
-                ratio
-            );
-        }
-        runs.push(direct);
-        runs.push(via);
+    let mut targets = vec![
+        Target::new("direct", format!("{backend}/v1/chat/completions")),
+        Target::new("slotgate", format!("{}/v1/chat/completions", gateway.url)),
+    ];
+    if let Some(nginx) = &nginx {
+        targets.push(Target::new("nginx", format!("{}/v1/chat/completions", nginx.url)));
     }
+    if let Some(litellm) = &litellm {
+        let mut target = Target::new("litellm", format!("{}/v1/chat/completions", litellm.url));
+        target.bearer = Some(LITELLM_KEY.to_owned());
+        targets.push(target);
+    }
+
+    let client = reqwest::Client::builder().pool_max_idle_per_host(256).build()?;
+    let bodies = |stream: bool| -> Bodies {
+        Arc::new(move |_| {
+            let mut body = json!({"model": "fake", "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 8, "stream": stream});
+            if stream {
+                body["stream_options"] = json!({"include_usage": true});
+            }
+            body
+        })
+    };
+    let load = |clients: usize, requests: usize| Load {
+        arrival: Arrival::Closed { clients },
+        requests,
+        duration: Duration::from_secs(args.duration_s),
+        timeout: Duration::from_secs(30),
+    };
+    // Warm every path: connections, LiteLLM's first-request set-up.
+    for target in &targets {
+        let warm = run(&client, target, load(4, 200), &bodies(false)).await;
+        anyhow::ensure!(warm.ok > 0, "{} answers nothing: {:?}", target.name, warm.errors);
+    }
+
+    let mut sweeps: Vec<(bool, Vec<usize>)> = vec![(false, args.clients.clone())];
+    if !args.stream_clients.is_empty() {
+        sweeps.push((true, args.stream_clients.clone()));
+    }
+    let mut reports: Vec<Report> = Vec::new();
+    for (stream, clients) in &sweeps {
+        for &n in clients {
+            for target in &targets {
+                let report = run(&client, target, load(n, args.requests), &bodies(*stream)).await;
+                eprintln!(
+                    "{} stream={} clients={n}: {:.0} req/s, p99 {:.3} ms, errors {}",
+                    target.name,
+                    stream,
+                    report.requests_per_second,
+                    report.e2e_ms.p99,
+                    report.errors_label()
+                );
+                reports.push(report);
+            }
+        }
+    }
+    drop(litellm);
+    drop(nginx);
     drop(gateway);
-    slotgate_benches::write_results(&args.out, &json!({ "runs": runs }))
+
+    let mut out = Output::new(&args.out, "gateway-overhead");
+    let mut table = Table::new(&[
+        "stream",
+        "clients",
+        "path",
+        "req/s",
+        "p50 ms",
+        "p99 ms",
+        "added p50 ms",
+        "added p99 ms",
+        "req/s vs direct",
+        "errors",
+    ]);
+    for r in &reports {
+        let direct = reports
+            .iter()
+            .find(|d| {
+                d.target == "direct" && d.stream == r.stream && d.arrival.x() == r.arrival.x()
+            })
+            .unwrap_or(r);
+        let added = |mine: f64, theirs: f64| {
+            if r.target == "direct" {
+                String::new()
+            } else {
+                fixed(mine - theirs, 3)
+            }
+        };
+        table.row(vec![
+            if r.stream { "yes" } else { "no" }.to_owned(),
+            format!("{}", r.arrival.x()),
+            r.target.clone(),
+            fixed(r.requests_per_second, 0),
+            fixed(r.e2e_ms.p50, 3),
+            fixed(r.e2e_ms.p99, 3),
+            added(r.e2e_ms.p50, direct.e2e_ms.p50),
+            added(r.e2e_ms.p99, direct.e2e_ms.p99),
+            ratio(r.requests_per_second, direct.requests_per_second),
+            r.errors_label(),
+        ]);
+    }
+    out.text(&table.markdown());
+    // The most each path sustained without a single error, over the plain runs.
+    let mut best =
+        Table::new(&["path", "most req/s without errors (plain)", "vs direct", "vs slotgate"]);
+    let sustained = |name: &str| {
+        reports
+            .iter()
+            .filter(|r| r.target == name && !r.stream && r.error_count() == 0)
+            .map(|r| r.requests_per_second)
+            .fold(f64::NAN, f64::max)
+    };
+    for target in &targets {
+        let v = sustained(&target.name);
+        best.row(vec![
+            target.name.clone(),
+            fixed(v, 0),
+            ratio(v, sustained("direct")),
+            ratio(v, sustained("slotgate")),
+        ]);
+    }
+    out.text(&best.markdown());
+    let plain: Vec<Report> = reports.iter().filter(|r| !r.stream).cloned().collect();
+    out.chart(
+        "p99",
+        &Chart::new("Latency p99, plain chat completions", "concurrent clients", "ms", true)
+            .lines(by_target(&plain, |r| r.e2e_ms.p99)),
+    )?;
+    out.chart(
+        "throughput",
+        &Chart::new("Throughput, plain chat completions", "concurrent clients", "req/s", true)
+            .lines(by_target(&plain, |r| r.requests_per_second)),
+    )?;
+    out.finish(&json!({ "runs": reports }))
 }

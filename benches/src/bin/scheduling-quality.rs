@@ -1,9 +1,11 @@
-//! Scheduling quality: fake backends of different speeds and slot counts (each
-//! request holds a slot for `tokens / rate` seconds and `/slots` reports it), driven
-//! below and above capacity through `slotgate` with each routing policy. Reports
-//! p50/p99 latency, the 503 rate, and how evenly slots were used.
+//! Scheduling quality: three simulated backends of different speeds and slot
+//! counts (a request holds a slot for `tokens / rate` seconds; `/slots` reports the
+//! busy ones; a full backend refuses with 503 `slot_unavailable`), driven through
+//! `slotgate` by open-loop load below and above their capacity, once per routing
+//! policy. Reports p50/p99 latency, time spent in the gateway's queue, the 503
+//! rate, and how evenly each backend's slots were used.
 //!
-//! `cargo build --release --bins && cargo run --release -p slotgate-benches --bin scheduling-quality`
+//! `scripts/bench scheduling` builds and runs this.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -18,30 +20,34 @@ use axum::{Json, Router};
 use clap::Parser;
 use serde::Serialize;
 use serde_json::{json, Value};
-use slotgate_benches::percentile_ms;
+use slotgate_benches::{fixed, run, Arrival, Bodies, Chart, Load, Output, Report, Table, Target};
 use slotgate_tests::Process;
 
 #[derive(Parser)]
 struct Args {
-    /// Seconds of open-loop load per run.
+    /// Seconds of load per run.
     #[arg(long, default_value_t = 8)]
     seconds: u64,
     /// Tokens each request "generates".
     #[arg(long, default_value_t = 20)]
     tokens: u32,
-    /// Where to write the JSON results.
-    #[arg(long, default_value = "bench-results/scheduling-quality.json")]
+    /// Offered load as fractions of the backends' total capacity, one run each.
+    #[arg(long, value_delimiter = ',', default_value = "0.5,0.8,1.0,1.3")]
+    loads: Vec<f64>,
+    /// Folder for the results.
+    #[arg(long, default_value = "bench-results")]
     out: PathBuf,
 }
 
-/// A backend that generates at `rate` tokens/s per slot with `slots` slots; refuses
-/// with 503 `slot_unavailable` when all are busy, as an engine with no queue does.
+/// A backend that generates at `rate` tokens/s per slot with `slots` slots.
 struct Sim {
     slots: u32,
     rate: f64,
     busy: AtomicU32,
     served: AtomicU64,
     refused: AtomicU64,
+    /// Slot-microseconds spent generating.
+    busy_us: AtomicU64,
 }
 
 async fn sim_chat(
@@ -57,9 +63,11 @@ async fn sim_chat(
         return (StatusCode::SERVICE_UNAVAILABLE, Json(err)).into_response();
     }
     let tokens = body["max_tokens"].as_u64().unwrap_or(20) as f64;
-    tokio::time::sleep(Duration::from_secs_f64(tokens / sim.rate)).await;
+    let hold = Duration::from_secs_f64(tokens / sim.rate);
+    tokio::time::sleep(hold).await;
     sim.busy.fetch_sub(1, Ordering::AcqRel);
     sim.served.fetch_add(1, Ordering::Relaxed);
+    sim.busy_us.fetch_add(hold.as_micros() as u64, Ordering::Relaxed);
     Json(json!({"id": "x", "object": "chat.completion", "created": 0, "model": "sim",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "logprobs": null, "finish_reason": "length"}],
         "usage": {"prompt_tokens": 1, "completion_tokens": tokens as u32, "total_tokens": tokens as u32 + 1}}))
@@ -73,6 +81,7 @@ async fn start_sim(slots: u32, rate: f64) -> anyhow::Result<(String, Arc<Sim>)> 
         busy: AtomicU32::new(0),
         served: AtomicU64::new(0),
         refused: AtomicU64::new(0),
+        busy_us: AtomicU64::new(0),
     });
     let app = Router::new()
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
@@ -95,15 +104,24 @@ async fn start_sim(slots: u32, rate: f64) -> anyhow::Result<(String, Arc<Sim>)> 
 #[derive(Serialize)]
 struct Run {
     policy: &'static str,
-    load: &'static str,
-    offered_rps: f64,
-    sent: usize,
-    ok: usize,
-    status_503: usize,
-    p50_ms: f64,
-    p99_ms: f64,
-    share_of_requests: Vec<f64>,
-    share_of_capacity: Vec<f64>,
+    load: f64,
+    report: Report,
+    /// Requests that waited in the gateway's queue, and their mean wait.
+    queued: u64,
+    queue_wait_mean_ms: f64,
+    /// Refusals the backends sent (the gateway retries them elsewhere).
+    backend_refusals: u64,
+    /// Per backend: share of requests served, and busy slot-time over slots × run time.
+    share: Vec<f64>,
+    utilization: Vec<f64>,
+}
+
+/// Sums a Prometheus series over its labels.
+fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 #[tokio::main]
@@ -115,37 +133,32 @@ async fn main() -> anyhow::Result<()> {
         "{} missing: cargo build --release --bins",
         gateway_bin.display()
     );
-    // Three backends: fast with few slots, slow with many, medium.
+    // Fast with few slots, slow with many, medium.
     let shapes = [(2u32, 200.0f64), (6, 50.0), (4, 100.0)];
-    let capacity_rps: f64 =
-        shapes.iter().map(|(s, r)| f64::from(*s) * r / f64::from(args.tokens)).sum();
-    let capacity_share: Vec<f64> = shapes
-        .iter()
-        .map(|(s, r)| f64::from(*s) * r / f64::from(args.tokens) / capacity_rps)
-        .collect();
+    let per_request = f64::from(args.tokens);
+    let capacity: f64 = shapes.iter().map(|(s, r)| f64::from(*s) * r / per_request).sum();
+    let capacity_share: Vec<f64> =
+        shapes.iter().map(|(s, r)| f64::from(*s) * r / per_request / capacity).collect();
+    let client = reqwest::Client::builder().pool_max_idle_per_host(256).build()?;
+    let tokens = args.tokens;
+    let bodies: Bodies = Arc::new(
+        move |_| json!({"model": "sim", "messages": [{"role": "user", "content": "x"}], "max_tokens": tokens}),
+    );
+
     let mut runs = Vec::new();
-    println!("scheduling quality: 3 simulated backends (slots x tok/s: 2x200, 6x50, 4x100), capacity {capacity_rps:.0} req/s, {} tokens each", args.tokens);
-    println!("policy         | load  | req/s offered | ok    | 503  | p50 ms | p99 ms | share of requests (capacity share {:.2}/{:.2}/{:.2})", capacity_share[0], capacity_share[1], capacity_share[2]);
-    for (policy, label) in
-        [("slots", "slots"), ("round_robin", "round_robin"), ("least_requests", "least_requests")]
-    {
-        for (load, factor) in [("below", 0.6), ("above", 1.3)] {
+    for policy in ["slots", "least_requests", "round_robin"] {
+        for &fraction in &args.loads {
             let mut sims = Vec::new();
-            let mut urls = Vec::new();
+            let mut cli = vec!["--listen".to_owned(), "127.0.0.1:0".to_owned()];
             for (slots, rate) in shapes {
                 let (url, sim) = start_sim(slots, rate).await?;
-                urls.push(url);
+                cli.extend(["--backend".to_owned(), url]);
                 sims.push(sim);
             }
-            let mut cli = vec!["--listen".to_owned(), "127.0.0.1:0".to_owned()];
-            for u in &urls {
-                cli.push("--backend".into());
-                cli.push(u.clone());
-            }
-            let cli_refs: Vec<&str> = cli.iter().map(String::as_str).collect();
+            let cli: Vec<&str> = cli.iter().map(String::as_str).collect();
             let gateway = Process::start_with_env(
                 &gateway_bin,
-                &cli_refs,
+                &cli,
                 &[
                     ("SLOTGATE_ROUTING__POLICY", policy),
                     ("SLOTGATE_ROUTING__HEALTH_INTERVAL_MS", "100"),
@@ -154,77 +167,141 @@ async fn main() -> anyhow::Result<()> {
                     ("RUST_LOG", "error"),
                 ],
             );
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
-            let rps = capacity_rps * factor;
-            let interval = Duration::from_secs_f64(1.0 / rps);
-            let url = format!("{}/v1/chat/completions", gateway.url);
-            let started = Instant::now();
-            let mut tasks = Vec::new();
-            let mut next = Instant::now();
-            // Open loop: a fixed arrival rate, whatever the answers do.
-            while started.elapsed() < Duration::from_secs(args.seconds) {
-                let (client, url) = (client.clone(), url.clone());
-                let body = json!({"model": "sim", "messages": [{"role": "user", "content": "x"}], "max_tokens": args.tokens});
-                tasks.push(tokio::spawn(async move {
-                    let t = Instant::now();
-                    let status = client
-                        .post(&url)
-                        .json(&body)
-                        .send()
-                        .await
-                        .map(|r| r.status().as_u16())
-                        .unwrap_or(0);
-                    (status, t.elapsed())
-                }));
-                next += interval;
-                tokio::time::sleep_until(next.into()).await;
-            }
-            let mut latencies = Vec::new();
-            let (mut ok, mut unavailable) = (0, 0);
-            for t in tasks.iter_mut() {
-                let (status, latency) = t.await?;
-                match status {
-                    200 => {
-                        ok += 1;
-                        latencies.push(latency);
-                    }
-                    503 => unavailable += 1,
-                    _ => {}
+            // Until the gateway has seen every backend healthy.
+            let admin = format!("{}/admin/backends", gateway.url);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let body: Value = client.get(&admin).send().await?.json().await?;
+                let healthy = body["backends"]
+                    .as_array()
+                    .map_or(0, |b| b.iter().filter(|b| b["healthy"] == Value::Bool(true)).count());
+                if healthy == shapes.len() {
+                    break;
                 }
+                anyhow::ensure!(Instant::now() < deadline, "backends never healthy: {body}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
+            let rate = capacity * fraction;
+            let load = Load {
+                arrival: Arrival::Open { rate },
+                requests: (rate * args.seconds as f64).ceil() as usize,
+                duration: Duration::from_secs(args.seconds),
+                timeout: Duration::from_secs(30),
+            };
+            let target = Target::new(policy, format!("{}/v1/chat/completions", gateway.url));
+            let report = run(&client, &target, load, &bodies).await;
+            let metrics =
+                client.get(format!("{}/metrics", gateway.url)).send().await?.text().await?;
+            let queued = metric_sum(&metrics, "slotgate_queue_wait_seconds_count");
+            let waited = metric_sum(&metrics, "slotgate_queue_wait_seconds_sum");
             let served: Vec<f64> =
                 sims.iter().map(|s| s.served.load(Ordering::Relaxed) as f64).collect();
-            let total: f64 = served.iter().sum::<f64>().max(1.0);
-            let share: Vec<f64> = served.iter().map(|s| s / total).collect();
+            let total = served.iter().sum::<f64>().max(1.0);
             let run = Run {
-                policy: label,
-                load,
-                offered_rps: rps,
-                sent: tasks.len(),
-                ok,
-                status_503: unavailable,
-                p50_ms: percentile_ms(&latencies, 50.0),
-                p99_ms: percentile_ms(&latencies, 99.0),
-                share_of_requests: share.clone(),
-                share_of_capacity: capacity_share.clone(),
+                policy,
+                load: fraction,
+                queued: queued as u64,
+                queue_wait_mean_ms: if queued > 0.0 { waited / queued * 1000.0 } else { 0.0 },
+                backend_refusals: sims.iter().map(|s| s.refused.load(Ordering::Relaxed)).sum(),
+                share: served.iter().map(|s| s / total).collect(),
+                utilization: sims
+                    .iter()
+                    .map(|s| {
+                        s.busy_us.load(Ordering::Relaxed) as f64
+                            / 1e6
+                            / (f64::from(s.slots) * report.seconds)
+                    })
+                    .collect(),
+                report,
             };
-            println!(
-                "{:<14} | {:<5} | {:>13.0} | {:>5} | {:>4} | {:>6.0} | {:>6.0} | {:.2}/{:.2}/{:.2}",
-                run.policy,
-                run.load,
-                run.offered_rps,
-                run.ok,
-                run.status_503,
-                run.p50_ms,
-                run.p99_ms,
-                share[0],
-                share[1],
-                share[2]
+            eprintln!(
+                "{policy} at {fraction}x: p99 {:.0} ms, {} errors, queued {}",
+                run.report.e2e_ms.p99,
+                run.report.error_count(),
+                run.queued
             );
             runs.push(run);
             drop(gateway);
         }
     }
-    slotgate_benches::write_results(&args.out, &json!({ "runs": runs }))
+
+    let mut out = Output::new(&args.out, "scheduling-quality");
+    let shape_text: Vec<String> =
+        shapes.iter().map(|(s, r)| format!("{s} slots × {r} tok/s")).collect();
+    out.text(&format!(
+        "Backends: {}; {} tokens per request, so together they finish {capacity:.0} requests per \
+         second (capacity shares {}). Open-loop arrivals for {} s per run; queue timeout 2 s.\n",
+        shape_text.join(", "),
+        args.tokens,
+        capacity_share.iter().map(|s| fixed(*s, 2)).collect::<Vec<_>>().join(" / "),
+        args.seconds
+    ));
+    let mut table = Table::new(&[
+        "policy",
+        "load",
+        "req/s offered",
+        "ok",
+        "503 rate",
+        "p50 ms",
+        "p99 ms",
+        "queued",
+        "mean queue wait ms",
+        "backend refusals",
+        "share of requests",
+        "slot utilization",
+    ]);
+    for r in &runs {
+        let list = |v: &[f64]| v.iter().map(|x| fixed(*x, 2)).collect::<Vec<_>>().join(" / ");
+        table.row(vec![
+            r.policy.to_owned(),
+            format!("{:.0}%", r.load * 100.0),
+            fixed(r.report.arrival.x(), 0),
+            r.report.ok.to_string(),
+            format!(
+                "{:.1}%",
+                100.0 * r.report.errors.get("http_503").copied().unwrap_or(0) as f64
+                    / r.report.sent.max(1) as f64
+            ),
+            fixed(r.report.e2e_ms.p50, 0),
+            fixed(r.report.e2e_ms.p99, 0),
+            r.queued.to_string(),
+            fixed(r.queue_wait_mean_ms, 1),
+            r.backend_refusals.to_string(),
+            list(&r.share),
+            list(&r.utilization),
+        ]);
+    }
+    out.text(&table.markdown());
+    let series = |value: fn(&Run) -> f64| -> Vec<(String, Vec<(f64, f64)>)> {
+        ["slots", "least_requests", "round_robin"]
+            .iter()
+            .map(|p| {
+                let points = runs
+                    .iter()
+                    .filter(|r| r.policy == *p)
+                    .map(|r| (r.load * 100.0, value(r)))
+                    .collect();
+                ((*p).to_owned(), points)
+            })
+            .collect()
+    };
+    out.chart(
+        "p99",
+        &Chart::new("Latency p99 by routing policy", "offered load, % of capacity", "ms", false)
+            .lines(series(|r| r.report.e2e_ms.p99)),
+    )?;
+    out.chart(
+        "unavailable",
+        &Chart::new(
+            "Requests refused (503) by routing policy",
+            "offered load, % of capacity",
+            "% of requests",
+            false,
+        )
+        .lines(series(|r| {
+            100.0 * r.report.errors.get("http_503").copied().unwrap_or(0) as f64
+                / r.report.sent.max(1) as f64
+        })),
+    )?;
+    out.finish(&json!({"runs": runs, "capacity_rps": capacity, "capacity_share": capacity_share}))
 }
