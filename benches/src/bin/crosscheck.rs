@@ -3,6 +3,11 @@
 //! count, measured by ours, then aiperf, then ours again (so that the two runs of
 //! ours show the run-to-run noise the comparison sits in).
 //!
+//! Both tools are heavy enough clients (aiperf is a set of Python processes) to
+//! take CPU from an engine that wants every core, so the engine runs on one core
+//! with one thread and the clients on another: what a client costs then does not
+//! show up as engine slowness in its own figures.
+//!
 //! `scripts/bench crosscheck` installs aiperf and a local tokenizer and runs this.
 
 use std::path::PathBuf;
@@ -32,6 +37,12 @@ struct Args {
     /// Tokens each request generates.
     #[arg(long, default_value_t = 64)]
     max_tokens: u32,
+    /// The core the engine runs on (one thread).
+    #[arg(long, default_value_t = 0)]
+    engine_cpu: usize,
+    /// The core both load generators run on.
+    #[arg(long, default_value_t = 1)]
+    client_cpu: usize,
     /// Folder for the results.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
@@ -60,16 +71,25 @@ async fn main() -> anyhow::Result<()> {
     std::fs::create_dir_all(&dir)?;
     let bin = std::env::current_exe()?.with_file_name("slotgate-engine");
     anyhow::ensure!(bin.is_file(), "{} missing: cargo build --release --bins", bin.display());
+    let client_cpu = args.client_cpu.to_string();
+    let pinned = Command::new("taskset")
+        .args(["-a", "-p", "-c", &client_cpu, &std::process::id().to_string()])
+        .stdout(std::process::Stdio::null())
+        .status()?;
+    anyhow::ensure!(pinned.success(), "taskset could not pin the load generator");
     let model = model_path();
     let engine = Process::start(
-        &bin,
+        std::path::Path::new("taskset"),
         &[
+            "-c",
+            &args.engine_cpu.to_string(),
+            bin.to_str().unwrap_or_default(),
             "--model",
             model.to_str().unwrap_or_default(),
             "--port",
             "0",
             "--threads",
-            "2",
+            "1",
             "--n-parallel",
             &args.clients.to_string(),
             "--ctx-len",
@@ -97,10 +117,12 @@ async fn main() -> anyhow::Result<()> {
         (0..args.requests).map(|i| format!("{}\n", json!({"text": prompt(i)}))).collect();
     std::fs::write(dir.join("prompts.jsonl"), prompts)?;
     let artifacts = dir.join("aiperf");
-    let status = Command::new(&args.aiperf)
+    let status = Command::new("taskset")
+        .args(["-c", &client_cpu])
+        .arg(&args.aiperf)
         .args(["profile", "--model", MODEL, "--url", &engine.url, "--endpoint-type", "completions"])
         .args(["--streaming", "--concurrency", &args.clients.to_string()])
-        .args(["--request-count", &args.requests.to_string(), "--warmup-request-count", "0"])
+        .args(["--request-count", &args.requests.to_string()])
         .arg("--tokenizer")
         .arg(&args.tokenizer)
         .args(["--use-server-token-count", "--custom-dataset-type", "single_turn"])
@@ -125,10 +147,12 @@ async fn main() -> anyhow::Result<()> {
 
     let mut out = Output::new(&args.out, "crosscheck");
     out.text(&format!(
-        "slotgate-engine (2 threads, {} slots), {} streamed completions of {} tokens at {} \
+        "slotgate-engine (1 thread on core {}, {} slots; both load generators on core {}), {} streamed completions of {} tokens at {} \
          concurrent clients, the same prompts and bodies for both tools. aiperf {}, token counts \
          from the server's usage (`--use-server-token-count`).\n",
+        args.engine_cpu,
         args.clients,
+        args.client_cpu,
         args.requests,
         args.max_tokens,
         args.clients,
