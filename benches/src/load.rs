@@ -142,6 +142,18 @@ pub async fn request(
 }
 
 fn transport_kind(e: &reqwest::Error) -> String {
+    // The kind is what is counted; the first error's whole cause chain is printed
+    // once, so that a kind such as `transport` can be told apart.
+    static SHOWN: std::sync::Once = std::sync::Once::new();
+    SHOWN.call_once(|| {
+        let mut cause = format!("{e}");
+        let mut source = std::error::Error::source(e);
+        while let Some(s) = source {
+            cause.push_str(&format!(": {s}"));
+            source = s.source();
+        }
+        eprintln!("first transport error of this process: {cause}");
+    });
     if e.is_timeout() {
         "timeout"
     } else if e.is_connect() {

@@ -68,6 +68,7 @@ pub fn runs_table(reports: &[Report]) -> Table {
         "errors",
         "req/s",
         "tok/s",
+        "tok/req",
         "TTFT p50 / p90 / p99 ms",
         "ITL p50 / p99 ms",
         "e2e p50 / p99 ms",
@@ -81,6 +82,7 @@ pub fn runs_table(reports: &[Report]) -> Table {
             r.errors_label(),
             fixed(r.requests_per_second, 1),
             fixed(r.tokens_per_second, 1),
+            fixed(r.generated_tokens as f64 / r.ok as f64, 1),
             format!(
                 "{} / {} / {}",
                 fixed(r.ttft_ms.p50, 1),

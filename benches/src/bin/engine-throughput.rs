@@ -105,12 +105,11 @@ async fn main() -> anyhow::Result<()> {
     let model_str = model.to_str().unwrap_or_default().to_owned();
     let slots = args.clients.iter().copied().max().unwrap_or(1);
     let (threads, ctx_len) = (args.threads.to_string(), args.ctx_len);
-    // llama-server closes idle connections after a few seconds; a pooled one it has
-    // closed would fail the next run's first request, so none is kept that long.
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(64)
-        .pool_idle_timeout(Duration::from_secs(1))
-        .build()?;
+    // A fresh connection per request, for every engine: llama-server closes kept-alive
+    // connections on its own terms, and a request sent on one it has just closed
+    // fails ("connection closed before message completed"), which would count
+    // against it. A connection costs well under a millisecond here; a request, a second.
+    let client = reqwest::Client::builder().pool_max_idle_per_host(0).build()?;
 
     let mut names = vec!["slotgate-engine"];
     if args.llama_server.is_some() {
@@ -235,7 +234,8 @@ async fn main() -> anyhow::Result<()> {
         for &clients in &args.clients {
             let load = Load {
                 arrival: Arrival::Closed { clients },
-                requests: clients * args.requests_per_client,
+                // At least 8, so that one slow request does not make the figure.
+                requests: (clients * args.requests_per_client).max(8),
                 duration: Duration::from_secs(300),
                 timeout: Duration::from_secs(300),
             };

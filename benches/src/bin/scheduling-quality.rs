@@ -286,6 +286,16 @@ async fn main() -> anyhow::Result<()> {
             .collect()
     };
     out.chart(
+        "answered",
+        &Chart::new(
+            "Requests answered per second by routing policy",
+            "offered load, % of capacity",
+            "req/s",
+            false,
+        )
+        .lines(series(|r| r.report.requests_per_second)),
+    )?;
+    out.chart(
         "p99",
         &Chart::new("Latency p99 by routing policy", "offered load, % of capacity", "ms", false)
             .lines(series(|r| r.report.e2e_ms.p99)),
