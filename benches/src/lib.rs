@@ -1,7 +1,7 @@
 //! Benchmarks for slotgate and the systems users would pick instead: a load
 //! generator that speaks the OpenAI API over HTTP ([`load`]), what it reports
-//! ([`stats`]), SVG charts ([`chart`]), result files ([`report`]) and the peers a
-//! comparison starts ([`peer`]). Each comparison is a binary under `src/bin`;
+//! ([`stats`]), SVG charts ([`chart`]), result files ([`report`]), the peers a
+//! comparison starts ([`peer`]) and wrk as a second opinion ([`wrk`]). Each comparison is a binary under `src/bin`;
 //! `scripts/bench` installs what it needs and runs it.
 
 pub mod chart;
@@ -9,6 +9,7 @@ pub mod load;
 pub mod peer;
 pub mod report;
 pub mod stats;
+pub mod wrk;
 
 pub use chart::Chart;
 pub use load::{request, run, Arrival, Bodies, Load, Sample, Target};

@@ -41,6 +41,9 @@ struct Args {
     /// LiteLLM's `litellm` command, from its own virtual environment; skipped without it.
     #[arg(long)]
     litellm: Option<PathBuf>,
+    /// wrk's binary: with it, each path is also measured by wrk (plain requests).
+    #[arg(long)]
+    wrk: Option<PathBuf>,
     /// Folder for the results.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
@@ -244,6 +247,24 @@ async fn main() -> anyhow::Result<()> {
             }
         }
     }
+    // wrk's view of the same paths, plain requests, after ours.
+    let mut wrk_runs = Vec::new();
+    if let Some(wrk) = &args.wrk {
+        for &n in &args.clients {
+            for target in &targets {
+                let run = slotgate_benches::wrk::run_wrk(
+                    wrk,
+                    target,
+                    &bodies(false)(0),
+                    n,
+                    Duration::from_secs(5),
+                    &logs,
+                )?;
+                eprintln!("wrk {} clients={n}: {:.0} req/s", target.name, run.requests_per_second);
+                wrk_runs.push(run);
+            }
+        }
+    }
     drop(litellm);
     drop(nginx);
     drop(gateway);
@@ -309,6 +330,45 @@ async fn main() -> anyhow::Result<()> {
         ]);
     }
     out.text(&best.markdown());
+    if !wrk_runs.is_empty() {
+        out.text("The same paths measured by wrk (one thread, plain requests, 5 s per run):\n");
+        let mut table = Table::new(&[
+            "clients",
+            "path",
+            "req/s",
+            "p50 ms",
+            "p99 ms",
+            "added p50 ms",
+            "added p99 ms",
+            "req/s vs direct",
+            "errors",
+        ]);
+        for r in &wrk_runs {
+            let direct = wrk_runs
+                .iter()
+                .find(|d| d.target == "direct" && d.connections == r.connections)
+                .unwrap_or(r);
+            let added = |mine: f64, theirs: f64| {
+                if r.target == "direct" {
+                    String::new()
+                } else {
+                    fixed(mine - theirs, 3)
+                }
+            };
+            table.row(vec![
+                r.connections.to_string(),
+                r.target.clone(),
+                fixed(r.requests_per_second, 0),
+                fixed(r.p50_ms, 3),
+                fixed(r.p99_ms, 3),
+                added(r.p50_ms, direct.p50_ms),
+                added(r.p99_ms, direct.p99_ms),
+                ratio(r.requests_per_second, direct.requests_per_second),
+                r.errors.to_string(),
+            ]);
+        }
+        out.text(&table.markdown());
+    }
     let plain: Vec<Report> = reports.iter().filter(|r| !r.stream).cloned().collect();
     out.chart(
         "p99",
@@ -320,5 +380,5 @@ async fn main() -> anyhow::Result<()> {
         &Chart::new("Throughput, plain chat completions", "concurrent clients", "req/s", true)
             .lines(by_target(&plain, |r| r.requests_per_second)),
     )?;
-    out.finish(&json!({ "runs": reports }))
+    out.finish(&json!({ "runs": reports, "wrk": wrk_runs }))
 }
