@@ -160,6 +160,66 @@ async fn start_litellm(litellm: &Path, backend: &str, logs: &Path) -> anyhow::Re
         .await
 }
 
+/// One path at one load, as either load generator measured it.
+struct PathRun {
+    stream: bool,
+    clients: usize,
+    path: String,
+    requests_per_second: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    errors: String,
+}
+
+/// Latency and throughput of each path, and what it adds to the direct path at
+/// the same load; with a `stream` column when the runs mix both kinds.
+fn overhead_table(runs: &[PathRun], show_stream: bool) -> Table {
+    let mut headers = vec![
+        "clients",
+        "path",
+        "req/s",
+        "p50 ms",
+        "p99 ms",
+        "added p50 ms",
+        "added p99 ms",
+        "req/s vs direct",
+        "errors",
+    ];
+    if show_stream {
+        headers.insert(0, "stream");
+    }
+    let mut table = Table::new(&headers);
+    for r in runs {
+        let direct = runs
+            .iter()
+            .find(|d| d.path == "direct" && d.stream == r.stream && d.clients == r.clients)
+            .unwrap_or(r);
+        let added = |mine: f64, theirs: f64| {
+            if r.path == "direct" {
+                String::new()
+            } else {
+                fixed(mine - theirs, 3)
+            }
+        };
+        let mut row = vec![
+            r.clients.to_string(),
+            r.path.clone(),
+            fixed(r.requests_per_second, 0),
+            fixed(r.p50_ms, 3),
+            fixed(r.p99_ms, 3),
+            added(r.p50_ms, direct.p50_ms),
+            added(r.p99_ms, direct.p99_ms),
+            ratio(r.requests_per_second, direct.requests_per_second),
+            r.errors.clone(),
+        ];
+        if show_stream {
+            row.insert(0, if r.stream { "yes" } else { "no" }.to_owned());
+        }
+        table.row(row);
+    }
+    table
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -270,46 +330,19 @@ async fn main() -> anyhow::Result<()> {
     drop(gateway);
 
     let mut out = Output::new(&args.out, "gateway-overhead");
-    let mut table = Table::new(&[
-        "stream",
-        "clients",
-        "path",
-        "req/s",
-        "p50 ms",
-        "p99 ms",
-        "added p50 ms",
-        "added p99 ms",
-        "req/s vs direct",
-        "errors",
-    ]);
-    for r in &reports {
-        let direct = reports
-            .iter()
-            .find(|d| {
-                d.target == "direct" && d.stream == r.stream && d.arrival.x() == r.arrival.x()
-            })
-            .unwrap_or(r);
-        let added = |mine: f64, theirs: f64| {
-            if r.target == "direct" {
-                String::new()
-            } else {
-                fixed(mine - theirs, 3)
-            }
-        };
-        table.row(vec![
-            if r.stream { "yes" } else { "no" }.to_owned(),
-            format!("{}", r.arrival.x()),
-            r.target.clone(),
-            fixed(r.requests_per_second, 0),
-            fixed(r.e2e_ms.p50, 3),
-            fixed(r.e2e_ms.p99, 3),
-            added(r.e2e_ms.p50, direct.e2e_ms.p50),
-            added(r.e2e_ms.p99, direct.e2e_ms.p99),
-            ratio(r.requests_per_second, direct.requests_per_second),
-            r.errors_label(),
-        ]);
-    }
-    out.text(&table.markdown());
+    let ours: Vec<PathRun> = reports
+        .iter()
+        .map(|r| PathRun {
+            stream: r.stream,
+            clients: r.arrival.x() as usize,
+            path: r.target.clone(),
+            requests_per_second: r.requests_per_second,
+            p50_ms: r.e2e_ms.p50,
+            p99_ms: r.e2e_ms.p99,
+            errors: r.errors_label(),
+        })
+        .collect();
+    out.text(&overhead_table(&ours, true).markdown());
     // The most each path sustained without a single error, over the plain runs.
     let mut best =
         Table::new(&["path", "most req/s without errors (plain)", "vs direct", "vs slotgate"]);
@@ -332,42 +365,19 @@ async fn main() -> anyhow::Result<()> {
     out.text(&best.markdown());
     if !wrk_runs.is_empty() {
         out.text("The same paths measured by wrk (one thread, plain requests, 5 s per run):\n");
-        let mut table = Table::new(&[
-            "clients",
-            "path",
-            "req/s",
-            "p50 ms",
-            "p99 ms",
-            "added p50 ms",
-            "added p99 ms",
-            "req/s vs direct",
-            "errors",
-        ]);
-        for r in &wrk_runs {
-            let direct = wrk_runs
-                .iter()
-                .find(|d| d.target == "direct" && d.connections == r.connections)
-                .unwrap_or(r);
-            let added = |mine: f64, theirs: f64| {
-                if r.target == "direct" {
-                    String::new()
-                } else {
-                    fixed(mine - theirs, 3)
-                }
-            };
-            table.row(vec![
-                r.connections.to_string(),
-                r.target.clone(),
-                fixed(r.requests_per_second, 0),
-                fixed(r.p50_ms, 3),
-                fixed(r.p99_ms, 3),
-                added(r.p50_ms, direct.p50_ms),
-                added(r.p99_ms, direct.p99_ms),
-                ratio(r.requests_per_second, direct.requests_per_second),
-                r.errors.to_string(),
-            ]);
-        }
-        out.text(&table.markdown());
+        let theirs: Vec<PathRun> = wrk_runs
+            .iter()
+            .map(|r| PathRun {
+                stream: false,
+                clients: r.connections,
+                path: r.target.clone(),
+                requests_per_second: r.requests_per_second,
+                p50_ms: r.p50_ms,
+                p99_ms: r.p99_ms,
+                errors: r.errors.to_string(),
+            })
+            .collect();
+        out.text(&overhead_table(&theirs, false).markdown());
     }
     let plain: Vec<Report> = reports.iter().filter(|r| !r.stream).cloned().collect();
     out.chart(
