@@ -14,5 +14,12 @@ pub mod wrk;
 pub use chart::Chart;
 pub use load::{request, run, Arrival, Bodies, Load, Sample, Target};
 pub use peer::{free_port, Peer};
-pub use report::{by_target, fixed, ratio, runs_table, Output, Table};
-pub use stats::{percentile_ms, Percentiles, Report};
+pub use report::{by_target, fixed, group, ratio, runs_table, Output, Table};
+/// A release binary of this workspace, built beside the running bench.
+pub fn sibling(name: &str) -> anyhow::Result<std::path::PathBuf> {
+    let path = std::env::current_exe()?.with_file_name(name);
+    anyhow::ensure!(path.is_file(), "{} missing: cargo build --release --bins", path.display());
+    Ok(path)
+}
+
+pub use stats::{metric_sum, percentile_ms, Percentiles, Report};

@@ -101,12 +101,18 @@ pub fn by_target(
     reports: &[Report],
     value: impl Fn(&Report) -> f64,
 ) -> Vec<(String, Vec<(f64, f64)>)> {
-    let mut out: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
-    for r in reports {
-        let point = (r.arrival.x(), value(r));
-        match out.iter_mut().find(|(name, _)| *name == r.target) {
-            Some((_, points)) => points.push(point),
-            None => out.push((r.target.clone(), vec![point])),
+    group(reports.iter().map(|r| (r.target.clone(), (r.arrival.x(), value(r)))))
+}
+
+/// Points gathered by key, keys in the order they first come.
+pub fn group<K: PartialEq>(
+    points: impl IntoIterator<Item = (K, (f64, f64))>,
+) -> Vec<(K, Vec<(f64, f64)>)> {
+    let mut out: Vec<(K, Vec<(f64, f64)>)> = Vec::new();
+    for (key, point) in points {
+        match out.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, list)) => list.push(point),
+            None => out.push((key, vec![point])),
         }
     }
     out

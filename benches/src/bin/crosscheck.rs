@@ -69,8 +69,7 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let dir = std::fs::canonicalize(&args.out).unwrap_or(args.out.clone()).join("crosscheck");
     std::fs::create_dir_all(&dir)?;
-    let bin = std::env::current_exe()?.with_file_name("slotgate-engine");
-    anyhow::ensure!(bin.is_file(), "{} missing: cargo build --release --bins", bin.display());
+    let bin = slotgate_benches::sibling("slotgate-engine")?;
     let client_cpu = args.client_cpu.to_string();
     let pinned = Command::new("taskset")
         .args(["-a", "-p", "-c", &client_cpu, &std::process::id().to_string()])

@@ -15,8 +15,8 @@ use clap::Parser;
 use serde::Serialize;
 use serde_json::{json, Value};
 use slotgate_benches::{
-    by_target, fixed, free_port, ratio, request, run, runs_table, Arrival, Bodies, Chart, Load,
-    Output, Peer, Report, Table, Target,
+    by_target, fixed, free_port, group, metric_sum, ratio, request, run, runs_table, Arrival,
+    Bodies, Chart, Load, Output, Peer, Report, Table, Target,
 };
 use slotgate_tests::{model_path, Process, MODEL};
 
@@ -124,12 +124,7 @@ async fn main() -> anyhow::Result<()> {
     for name in names {
         let engine = match name {
             "slotgate-engine" => {
-                let bin = std::env::current_exe()?.with_file_name("slotgate-engine");
-                anyhow::ensure!(
-                    bin.is_file(),
-                    "{} missing: cargo build --release --bins",
-                    bin.display()
-                );
+                let bin = slotgate_benches::sibling("slotgate-engine")?;
                 Running::Ours(Process::start(
                     &bin,
                     &[
@@ -341,20 +336,13 @@ async fn main() -> anyhow::Result<()> {
         "TTFT turns 2+ mean ms",
         "TTFT by turn ms",
     ]);
-    let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
-    for t in &turns {
-        let key = format!("{}, cache {}", t.target, t.cache);
-        match series.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, points)) => points.push((t.turn as f64, t.ttft_ms)),
-            None => series.push((key, vec![(t.turn as f64, t.ttft_ms)])),
-        }
-    }
-    for (key, points) in &series {
-        let (engine, cache) = key.split_once(", cache ").unwrap_or((key, ""));
+    let conversations =
+        group(turns.iter().map(|t| ((t.target.as_str(), t.cache), (t.turn as f64, t.ttft_ms))));
+    for ((engine, cache), points) in &conversations {
         let later: Vec<f64> = points.iter().skip(1).map(|p| p.1).collect();
         cache_table.row(vec![
-            engine.to_owned(),
-            cache.to_owned(),
+            (*engine).to_owned(),
+            (*cache).to_owned(),
             fixed(points.first().map_or(f64::NAN, |p| p.1), 0),
             fixed(later.iter().sum::<f64>() / later.len().max(1) as f64, 0),
             points.iter().map(|p| fixed(p.1, 0)).collect::<Vec<_>>().join(", "),
@@ -363,8 +351,12 @@ async fn main() -> anyhow::Result<()> {
     out.text(&cache_table.markdown());
     out.chart(
         "turns",
-        &Chart::new("Multi-turn chat: time to first token by turn", "turn", "ms", true)
-            .lines(series),
+        &Chart::new("Multi-turn chat: time to first token by turn", "turn", "ms", true).lines(
+            conversations
+                .into_iter()
+                .map(|((engine, cache), points)| (format!("{engine}, cache {cache}"), points))
+                .collect(),
+        ),
     )?;
     out.finish(&json!({"runs": reports, "turns": turns, "llama_commit": args.llama_commit,
         "step_overhead_us": step_overhead_us}))
@@ -373,12 +365,7 @@ async fn main() -> anyhow::Result<()> {
 /// The mean of the engine's step-overhead histogram, in microseconds.
 async fn step_overhead(client: &reqwest::Client, engine: &str) -> Option<f64> {
     let metrics = client.get(format!("{engine}/metrics")).send().await.ok()?.text().await.ok()?;
-    let metric = |name: &str| {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse::<f64>().ok()))
-    };
-    let sum = metric("slotgate_engine_step_overhead_seconds_sum ")?;
-    let count = metric("slotgate_engine_step_overhead_seconds_count ")?;
+    let sum = metric_sum(&metrics, "slotgate_engine_step_overhead_seconds_sum");
+    let count = metric_sum(&metrics, "slotgate_engine_step_overhead_seconds_count");
     (count > 0.0).then(|| sum / count * 1e6)
 }

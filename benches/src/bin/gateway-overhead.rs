@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
@@ -97,20 +97,6 @@ async fn fake_chat(Json(body): Json<Value>) -> axum::response::Response {
     ));
     events.push_str("data: [DONE]\n\n");
     ([("content-type", "text/event-stream")], events).into_response()
-}
-
-async fn wait_healthy(url: &str) -> anyhow::Result<()> {
-    let probe = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        if let Ok(r) = probe.get(format!("{url}/health")).send().await {
-            if r.status().is_success() {
-                return Ok(());
-            }
-        }
-        anyhow::ensure!(Instant::now() < deadline, "{url} never became healthy");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 async fn start_nginx(nginx: &Path, backend: &str, logs: &Path) -> anyhow::Result<Peer> {
@@ -225,12 +211,7 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let logs = args.out.join("logs");
     let backend = fake_backend().await?;
-    let gateway_bin = std::env::current_exe()?.with_file_name("slotgate");
-    anyhow::ensure!(
-        gateway_bin.is_file(),
-        "{} missing: cargo build --release --bins",
-        gateway_bin.display()
-    );
+    let gateway_bin = slotgate_benches::sibling("slotgate")?;
     let gateway = Process::start_with_env(
         &gateway_bin,
         &["--listen", "127.0.0.1:0", "--backend", &backend],
@@ -240,7 +221,7 @@ async fn main() -> anyhow::Result<()> {
             ("RUST_LOG", "warn"),
         ],
     );
-    wait_healthy(&gateway.url).await?;
+    slotgate_tests::ready(&reqwest::Client::new(), &gateway, 1).await;
     let nginx = match &args.nginx {
         Some(path) => Some(start_nginx(path, &backend, &logs).await?),
         None => None,

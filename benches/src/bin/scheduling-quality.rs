@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -20,7 +20,9 @@ use axum::{Json, Router};
 use clap::Parser;
 use serde::Serialize;
 use serde_json::{json, Value};
-use slotgate_benches::{fixed, run, Arrival, Bodies, Chart, Load, Output, Report, Table, Target};
+use slotgate_benches::{
+    fixed, metric_sum, run, Arrival, Bodies, Chart, Load, Output, Report, Table, Target,
+};
 use slotgate_tests::Process;
 
 #[derive(Parser)]
@@ -116,23 +118,10 @@ struct Run {
     utilization: Vec<f64>,
 }
 
-/// Sums a Prometheus series over its labels.
-fn metric_sum(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let gateway_bin = std::env::current_exe()?.with_file_name("slotgate");
-    anyhow::ensure!(
-        gateway_bin.is_file(),
-        "{} missing: cargo build --release --bins",
-        gateway_bin.display()
-    );
+    let gateway_bin = slotgate_benches::sibling("slotgate")?;
     // Fast with few slots, slow with many, medium.
     let shapes = [(2u32, 200.0f64), (6, 50.0), (4, 100.0)];
     let per_request = f64::from(args.tokens);
@@ -167,20 +156,7 @@ async fn main() -> anyhow::Result<()> {
                     ("RUST_LOG", "error"),
                 ],
             );
-            // Until the gateway has seen every backend healthy.
-            let admin = format!("{}/admin/backends", gateway.url);
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                let body: Value = client.get(&admin).send().await?.json().await?;
-                let healthy = body["backends"]
-                    .as_array()
-                    .map_or(0, |b| b.iter().filter(|b| b["healthy"] == Value::Bool(true)).count());
-                if healthy == shapes.len() {
-                    break;
-                }
-                anyhow::ensure!(Instant::now() < deadline, "backends never healthy: {body}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            slotgate_tests::ready(&client, &gateway, shapes.len()).await;
             let rate = capacity * fraction;
             let load = Load {
                 arrival: Arrival::Open { rate },
