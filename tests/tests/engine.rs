@@ -123,6 +123,7 @@ async fn client_disconnect_frees_the_slot_and_clears_its_cache() {
     let mut body = response.bytes_stream();
     let first = body.next().await.unwrap().unwrap();
     assert!(first.starts_with(b"data: "));
+    // The slot shows busy before its first token leaves.
     let slots_url = format!("{}/slots", engine.url);
     assert_eq!(get(&client, &slots_url).await.1[0]["is_processing"], true);
     drop(body);
@@ -141,6 +142,11 @@ async fn client_disconnect_frees_the_slot_and_clears_its_cache() {
     );
     let (status, _) = post(&client, &url, &chat_body("Hi", 4, false)).await;
     assert_eq!(status, 200, "the freed slot serves the next request");
+    // `/slots` is published before an answer's events are sent: once the answer is
+    // here, the slot shows free at once, with that answer's prompt cached.
+    let slot = get(&client, &slots_url).await.1[0].clone();
+    assert_eq!(slot["is_processing"], false, "{slot}");
+    assert!(slot["n_cached"].as_u64().is_some_and(|n| n > 0), "{slot}");
 }
 
 /// The third seed bug: concurrent callers with several prompts and `n > 1` each get

@@ -168,8 +168,25 @@ impl Task {
         self.events.is_closed()
     }
 
-    /// Sends an event; a closed channel is noticed by `cancelled` on the next step.
-    pub fn send(&self, event: Event) {
-        let _ = self.events.send(event);
+    /// Queues an event in `outbox`; a closed channel is noticed by `cancelled` on the
+    /// next step.
+    pub fn send(&self, outbox: &mut Outbox, event: Event) {
+        outbox.0.push((self.events.clone(), event));
+    }
+}
+
+/// Events of one step, held back until the state they follow from is published.
+/// A client then never knows more than `/slots` shows: a slot is busy there before
+/// its first token leaves, and free before its last. The gateway's reconciliation
+/// relies on this, and so does anyone reading `/slots` after an answer.
+#[derive(Debug, Default)]
+pub(crate) struct Outbox(Vec<(mpsc::UnboundedSender<Event>, Event)>);
+
+impl Outbox {
+    /// Sends every held event, in order.
+    pub fn flush(&mut self) {
+        for (events, event) in self.0.drain(..) {
+            let _ = events.send(event);
+        }
     }
 }

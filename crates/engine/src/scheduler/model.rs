@@ -16,7 +16,7 @@ use llama_cpp_2::token::LlamaToken;
 use slotgate_protocol::{ApiError, ErrorType, FinishReason, PromptItem, SlotStatus};
 
 use super::embed::Embedded;
-use super::job::{ChoiceUsage, Event, Job, JobInput, Task};
+use super::job::{ChoiceUsage, Event, Job, JobInput, Outbox, Task};
 use super::sampler;
 use super::slot::{pick_slot, Running, Slot};
 use super::text::TextStream;
@@ -261,11 +261,12 @@ impl ModelRuntime {
     /// One step: drop cancelled and expired work, admit queued tasks into free
     /// slots, decode one batch, sample every slot that has logits. Returns whether
     /// anything was decoded, and the time spent inside llama.cpp.
-    pub fn step(&mut self, step_no: u64) -> (bool, Duration) {
+    /// Events go to `outbox`, to be sent once the step's state is published.
+    pub fn step(&mut self, step_no: u64, outbox: &mut Outbox) -> (bool, Duration) {
         self.reap_cancelled();
-        self.expire_queue();
-        self.admit(step_no);
-        self.decode_and_sample()
+        self.expire_queue(outbox);
+        self.admit(step_no, outbox);
+        self.decode_and_sample(outbox)
     }
 
     fn reap_cancelled(&mut self) {
@@ -286,7 +287,7 @@ impl ModelRuntime {
         self.queue.retain(|t| !t.cancelled());
     }
 
-    fn expire_queue(&mut self) {
+    fn expire_queue(&mut self, outbox: &mut Outbox) {
         let timeout = Duration::from_millis(self.settings.queue_timeout_ms);
         if timeout.is_zero() {
             return;
@@ -296,15 +297,16 @@ impl ModelRuntime {
             if task.enqueued.elapsed() <= timeout {
                 return true;
             }
-            task.send(Event::Error(ApiError::slot_unavailable(format!(
+            let err = ApiError::slot_unavailable(format!(
                 "no slot of model `{id}` became free within queue_timeout_ms ({} ms); retry later",
                 timeout.as_millis()
-            ))));
+            ));
+            task.send(outbox, Event::Error(err));
             false
         });
     }
 
-    fn admit(&mut self, step_no: u64) {
+    fn admit(&mut self, step_no: u64, outbox: &mut Outbox) {
         if !self.settings.cont_batching
             && self.slots.iter().any(|s| s.running.as_ref().is_some_and(Running::in_prompt))
         {
@@ -313,12 +315,12 @@ impl ModelRuntime {
         while !self.queue.is_empty() {
             let Some(i) = pick_slot(&self.slots, &self.queue[0].prompt) else { return };
             let Some(task) = self.queue.pop_front() else { return };
-            self.start(i, task, step_no);
+            self.start(i, task, step_no, outbox);
         }
     }
 
     /// Puts `task` in slot `i`, keeping the longest cached prefix of its prompt.
-    fn start(&mut self, i: usize, task: Task, step_no: u64) {
+    fn start(&mut self, i: usize, task: Task, step_no: u64, outbox: &mut Outbox) {
         let n_vocab = self.n_vocab;
         let slot = &mut self.slots[i];
         // At least one prompt token is decoded again, to get logits to sample from.
@@ -342,7 +344,7 @@ impl ModelRuntime {
         let wait = task.enqueued.elapsed();
         metrics::histogram!(m::QUEUE_WAIT, "model" => self.id.clone()).record(wait.as_secs_f64());
         if let Some(text) = &task.echo_text {
-            task.send(Event::Text { index: task.index, text: text.to_string() });
+            task.send(outbox, Event::Text { index: task.index, text: text.to_string() });
         }
         slot.running = Some(Running {
             sampler: sampler::build(&task.params, task.seed, n_vocab),
@@ -359,7 +361,7 @@ impl ModelRuntime {
     }
 
     /// Builds one batch from every running slot, decodes it, samples.
-    fn decode_and_sample(&mut self) -> (bool, Duration) {
+    fn decode_and_sample(&mut self, outbox: &mut Outbox) -> (bool, Duration) {
         let Self { loaded, batch, slots, settings, id, .. } = self;
         let capacity = settings.batch_size as usize;
         batch.clear();
@@ -409,7 +411,7 @@ impl ModelRuntime {
             tracing::error!(model = %id, error = %err, tokens = batch.n_tokens(), "decode failed");
             for slot in slots.iter_mut() {
                 if let Some(run) = slot.running.take() {
-                    run.task.send(Event::Error(ApiError::internal()));
+                    run.task.send(outbox, Event::Error(ApiError::internal()));
                     loaded.with_dependent_mut(|_, c| {
                         let _ = c.gen.clear_kv_cache_seq(Some(slot.id), None, None);
                     });
@@ -445,11 +447,12 @@ impl ModelRuntime {
                 slot.cache.len(),
                 settings.ctx_len as usize,
                 id,
+                outbox,
             );
             if let Some(reason) = finish {
                 let run = slot.running.take();
                 if let Some(run) = run {
-                    Self::finish(run, reason, id);
+                    Self::finish(run, reason, id, outbox);
                 }
             }
         }
@@ -465,6 +468,7 @@ impl ModelRuntime {
         in_cache: usize,
         ctx_len: usize,
         id: &str,
+        outbox: &mut Outbox,
     ) -> Option<FinishReason> {
         run.generated += 1;
         let now = Instant::now();
@@ -479,7 +483,7 @@ impl ModelRuntime {
         }
         let pushed = run.text.push(&vocab.token_to_piece(token, false, None));
         if !pushed.text.is_empty() {
-            run.task.send(Event::Text { index: run.task.index, text: pushed.text });
+            run.task.send(outbox, Event::Text { index: run.task.index, text: pushed.text });
         }
         if pushed.stopped {
             return Some(FinishReason::Stop);
@@ -494,10 +498,10 @@ impl ModelRuntime {
         None
     }
 
-    fn finish(mut run: Running, reason: FinishReason, id: &str) {
+    fn finish(mut run: Running, reason: FinishReason, id: &str, outbox: &mut Outbox) {
         let rest = run.text.finish();
         if !rest.is_empty() {
-            run.task.send(Event::Text { index: run.task.index, text: rest });
+            run.task.send(outbox, Event::Text { index: run.task.index, text: rest });
         }
         let usage = ChoiceUsage {
             prompt_tokens: run.task.prompt.len() as u32,
@@ -516,7 +520,7 @@ impl ModelRuntime {
         metrics::counter!(m::PROMPT_TOKENS_CACHED, "model" => id.to_owned())
             .increment(usage.cached_tokens.into());
         tracing::debug!(model = %id, task = run.task.id, ?reason, ?usage, elapsed = ?run.admitted.elapsed(), "choice done");
-        run.task.send(Event::Done { index: run.task.index, reason, usage });
+        run.task.send(outbox, Event::Done { index: run.task.index, reason, usage });
     }
 
     /// Embeds `inputs` at once, between two generation steps.
@@ -536,14 +540,14 @@ impl ModelRuntime {
     }
 
     /// Fails every running and queued task, as when the model is unloaded.
-    pub fn fail_all(&mut self, err: &ApiError) {
+    pub fn fail_all(&mut self, err: &ApiError, outbox: &mut Outbox) {
         for slot in &mut self.slots {
             if let Some(run) = slot.running.take() {
-                run.task.send(Event::Error(err.clone()));
+                run.task.send(outbox, Event::Error(err.clone()));
             }
         }
         for task in self.queue.drain(..) {
-            task.send(Event::Error(err.clone()));
+            task.send(outbox, Event::Error(err.clone()));
         }
     }
 

@@ -20,7 +20,7 @@ use llama_cpp_2::llama_backend::LlamaBackend;
 use slotgate_protocol::ApiError;
 use tokio::sync::oneshot;
 
-use super::job::{Event, Job};
+use super::job::{Event, Job, Outbox};
 use super::model::{ModelRuntime, ModelSnapshot};
 use super::{Command, Snapshot};
 use crate::config::ModelSettings;
@@ -32,6 +32,8 @@ pub(super) struct Worker {
     models: Vec<ModelRuntime>,
     commands: Receiver<Command>,
     snapshot: Arc<ArcSwap<Snapshot>>,
+    /// Events of the current step, sent by `publish`.
+    outbox: Outbox,
     next_task: u64,
     step_no: u64,
     /// Where the fair round starts this step, so no model always goes first.
@@ -44,7 +46,16 @@ impl Worker {
         commands: Receiver<Command>,
         snapshot: Arc<ArcSwap<Snapshot>>,
     ) -> Self {
-        Self { backend, models: Vec::new(), commands, snapshot, next_task: 0, step_no: 0, round: 0 }
+        Self {
+            backend,
+            models: Vec::new(),
+            commands,
+            snapshot,
+            outbox: Outbox::default(),
+            next_task: 0,
+            step_no: 0,
+            round: 0,
+        }
     }
 
     /// Runs until every command sender is gone.
@@ -88,7 +99,7 @@ impl Worker {
         let mut decoded = false;
         for k in 0..n {
             let i = (self.round + k) % n;
-            let (did, spent) = self.models[i].step(self.step_no);
+            let (did, spent) = self.models[i].step(self.step_no, &mut self.outbox);
             decoded |= did;
             in_llama += spent;
         }
@@ -114,10 +125,11 @@ impl Worker {
                 let result = match self.models.iter().position(|m| m.id == id) {
                     Some(i) => {
                         let mut model = self.models.remove(i);
-                        model.fail_all(&ApiError::new(
+                        let err = ApiError::new(
                             slotgate_protocol::ErrorType::UnavailableError,
                             format!("model `{id}` was unloaded"),
-                        ));
+                        );
+                        model.fail_all(&err, &mut self.outbox);
                         drop(model);
                         tracing::info!(model = %id, "model unloaded");
                         Ok(())
@@ -179,8 +191,9 @@ impl Worker {
         let _ = reply.send(result);
     }
 
-    /// Publishes the state of every model for the HTTP side, and the gauges.
-    fn publish(&self) {
+    /// Publishes the state of every model for the HTTP side, and the gauges; then
+    /// sends the events that this state follows from.
+    fn publish(&mut self) {
         let models: Vec<ModelSnapshot> = self.models.iter().map(ModelRuntime::snapshot).collect();
         for model in &models {
             let busy = model.slots.iter().filter(|s| s.is_processing).count();
@@ -192,5 +205,6 @@ impl Worker {
         }
         let loading = self.snapshot.load().loading;
         self.snapshot.store(Arc::new(Snapshot { models, loading }));
+        self.outbox.flush();
     }
 }
