@@ -5,6 +5,7 @@
 //! `scripts/bench` installs what it needs and runs it.
 
 pub mod chart;
+pub mod conversation;
 pub mod load;
 pub mod peer;
 pub mod report;

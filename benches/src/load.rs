@@ -102,6 +102,26 @@ pub struct Sample {
     /// The generated text.
     #[serde(skip)]
     pub text: String,
+    /// Prompt tokens and those of them served from the engine's prompt cache, as
+    /// the answer's usage reports them (llama-server's `timings.cache_n` when its
+    /// usage lacks the detail); 0 when the answer carries no usage.
+    pub prompt_tokens: u64,
+    /// See `prompt_tokens`.
+    pub cached_tokens: u64,
+}
+
+impl Sample {
+    fn read_usage(&mut self, value: &Value) {
+        if let Some(prompt) = value["usage"]["prompt_tokens"].as_u64() {
+            self.prompt_tokens = prompt;
+        }
+        let cached = value["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .or(value["timings"]["cache_n"].as_u64());
+        if let Some(cached) = cached {
+            self.cached_tokens = self.cached_tokens.max(cached);
+        }
+    }
 }
 
 /// Sends one request and measures it; the error is its kind, for counting.
@@ -131,13 +151,16 @@ pub async fn request(
             .or(value["choices"][0]["text"].as_str())
             .unwrap_or_default()
             .to_owned();
-        Ok(Sample {
+        let mut sample = Sample {
             ttft: total,
             total,
             gaps: Vec::new(),
             tokens: value["usage"]["completion_tokens"].as_u64().unwrap_or(0),
             text,
-        })
+            ..Sample::default()
+        };
+        sample.read_usage(&value);
+        Ok(sample)
     }
 }
 
@@ -195,6 +218,7 @@ async fn read_stream(response: reqwest::Response, started: Instant) -> Result<Sa
             if let Some(tokens) = value["usage"]["completion_tokens"].as_u64() {
                 usage = Some(tokens);
             }
+            sample.read_usage(&value);
             let text: String = value["choices"]
                 .as_array()
                 .into_iter()

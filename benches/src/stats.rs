@@ -95,14 +95,7 @@ impl Report {
     }
 }
 
-/// The sum of a Prometheus series over its labels, read from the text format
-/// (`name 1.5` or `name{model="m"} 1.5` lines).
-pub fn metric_sum(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
+pub use slotgate_tests::metric_sum;
 
 #[cfg(test)]
 mod tests {
@@ -118,13 +111,5 @@ mod tests {
         let p = Percentiles::of(&v);
         assert!((p.mean - 50.5).abs() < 1e-9);
         assert_eq!(p.p90, 90.0);
-    }
-
-    #[test]
-    fn metric_sums_add_up_labels_and_skip_longer_names() {
-        let text = "# TYPE w histogram\nw_sum{model=\"a\"} 1.5\nw_sum{model=\"b\"} 2\nw_sum_x 9\nw_count 4\n";
-        assert_eq!(metric_sum(text, "w_sum"), 3.5);
-        assert_eq!(metric_sum(text, "w_count"), 4.0);
-        assert_eq!(metric_sum(text, "absent"), 0.0);
     }
 }

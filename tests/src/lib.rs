@@ -246,6 +246,34 @@ pub async fn wait_slot_busy(client: &reqwest::Client, engine_url: &str) {
     assert!(busy, "the first slot of {engine_url} never became busy");
 }
 
+/// The sum of a Prometheus series over its labels, read from the text format
+/// (`name 1.5` or `name{model="m"} 1.5` lines).
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    metric_sum_where(text, name, "")
+}
+
+/// Like [`metric_sum`], over the lines whose labels contain `label` (such as
+/// `reason="spilled"`).
+pub fn metric_sum_where(text: &str, name: &str, label: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter(|l| l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The Prometheus text of `{url}/metrics`.
+pub async fn metrics(client: &reqwest::Client, url: &str) -> String {
+    client
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .expect("metrics request")
+        .text()
+        .await
+        .expect("metrics body")
+}
+
 /// Polls `check` every 20 ms until it is true or `limit` passes.
 pub async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
 where
@@ -285,4 +313,18 @@ pub fn python_client(script: &str, args: &[&str]) -> String {
     );
     assert!(output.status.success(), "{script} failed:\n{text}");
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_sums_add_up_labels_and_skip_longer_names() {
+        let text = "# TYPE w histogram\nw_sum{model=\"a\"} 1.5\nw_sum{model=\"b\"} 2\nw_sum_x 9\nw_count 4\n";
+        assert_eq!(metric_sum(text, "w_sum"), 3.5);
+        assert_eq!(metric_sum_where(text, "w_sum", "model=\"b\""), 2.0);
+        assert_eq!(metric_sum(text, "w_count"), 4.0);
+        assert_eq!(metric_sum(text, "absent"), 0.0);
+    }
 }

@@ -14,6 +14,7 @@ use std::time::Duration;
 use clap::Parser;
 use serde::Serialize;
 use serde_json::{json, Value};
+use slotgate_benches::conversation::opening;
 use slotgate_benches::{
     by_target, fixed, free_port, group, metric_sum, ratio, request, run, runs_table, Arrival,
     Bodies, Chart, Load, Output, Peer, Report, Table, Target,
@@ -80,21 +81,6 @@ impl Running {
             Self::Peer(p) => &p.url,
         }
     }
-}
-
-/// The long shared opening of the conversation: about 450 tokens, so that
-/// re-reading it is what the prompt cache saves.
-fn opening(conversation: &str) -> String {
-    let mut text = format!("Conversation {conversation}. The notes below describe a small city.\n");
-    for i in 0..24 {
-        text.push_str(&format!(
-            "Note {i}: district {i} has {} parks, {} schools and a market that opens at {} o'clock.\n",
-            i * 3 % 7 + 1,
-            i * 5 % 11 + 2,
-            i % 5 + 6
-        ));
-    }
-    text
 }
 
 #[tokio::main]

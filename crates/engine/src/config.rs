@@ -47,6 +47,13 @@ pub struct ModelSettings {
     pub ai_prompt: Option<String>,
     /// Serve `/v1/embeddings` for this model.
     pub embedding: bool,
+    /// Share of a prompt that an idle slot's cache must hold for the slot to be
+    /// reused for it (llama-server's `--slot-prompt-similarity`); 0 takes any
+    /// shared prefix.
+    pub slot_prompt_similarity: f32,
+    /// Host memory, in MiB, for the KV states of conversations that had to leave
+    /// their slot (llama-server's `--cache-ram`); 0 disables it.
+    pub cache_ram_mib: u64,
 }
 
 impl Default for ModelSettings {
@@ -67,6 +74,8 @@ impl Default for ModelSettings {
             user_prompt: None,
             ai_prompt: None,
             embedding: false,
+            slot_prompt_similarity: 0.1,
+            cache_ram_mib: 8192,
         }
     }
 }
@@ -106,6 +115,12 @@ impl ModelSettings {
         }
         if self.batch_size < 1 {
             return bad("batch_size", "must be at least 1".into());
+        }
+        if !(0.0..=1.0).contains(&self.slot_prompt_similarity) {
+            return bad(
+                "slot_prompt_similarity",
+                format!("must be between 0 and 1, got {}", self.slot_prompt_similarity),
+            );
         }
         if self.threads == Some(0) {
             return bad("threads", "must be at least 1".into());
@@ -287,6 +302,14 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub embedding: Option<bool>,
+    /// Share of a prompt an idle slot must hold to be reused for it [default: 0.1].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slot_prompt_similarity: Option<f32>,
+    /// MiB of host memory for conversations that left their slot; 0: off [default: 8192].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_ram_mib: Option<u64>,
 }
 
 impl EngineConfig {
@@ -397,6 +420,10 @@ mod tests {
             let cases = [
                 (Cli { n_parallel: Some(0), ..base() }, "n_parallel: must be between 1 and 256"),
                 (Cli { ctx_len: Some(4), ..base() }, "ctx_len: must be at least 32"),
+                (
+                    Cli { slot_prompt_similarity: Some(1.5), ..base() },
+                    "slot_prompt_similarity: must be between 0 and 1",
+                ),
                 (
                     Cli { chat_template: Some("jinja".into()), ..base() },
                     "chat_template: unknown template `jinja`",

@@ -14,6 +14,16 @@ pub const REQUESTS: &str = "slotgate_engine_requests_total";
 pub const PROMPT_TOKENS: &str = "slotgate_engine_prompt_tokens_total";
 /// Prompt tokens reused from the prompt cache (counter).
 pub const PROMPT_TOKENS_CACHED: &str = "slotgate_engine_prompt_tokens_cached_total";
+/// Prompt tokens decoded because no cache held them (counter).
+pub const PROMPT_TOKENS_COMPUTED: &str = "slotgate_engine_prompt_tokens_computed_total";
+/// Bytes of KV state held in the host-memory prompt cache (gauge).
+pub const HOST_CACHE_BYTES: &str = "slotgate_engine_host_cache_bytes";
+/// Conversations held in the host-memory prompt cache (gauge).
+pub const HOST_CACHE_ENTRIES: &str = "slotgate_engine_host_cache_entries";
+/// Admissions that restored a conversation from the host cache (counter).
+pub const HOST_CACHE_HITS: &str = "slotgate_engine_host_cache_hits_total";
+/// Admissions that looked in the host cache and found nothing to restore (counter).
+pub const HOST_CACHE_MISSES: &str = "slotgate_engine_host_cache_misses_total";
 /// Tokens sampled (counter).
 pub const GENERATED_TOKENS: &str = "slotgate_engine_generated_tokens_total";
 /// Choices cancelled because their client went away (counter).

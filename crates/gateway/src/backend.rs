@@ -20,6 +20,9 @@ pub struct Backend {
     url: ArcSwap<String>,
     /// Relative share of traffic among equals.
     pub weight: u32,
+    /// Stable identity for rendezvous hashing: from its configured URL, or from
+    /// its place among the supervised engines (whose port changes on restart).
+    pub id: u64,
     /// Models it serves: configured, or discovered from `/v1/models`.
     models: ArcSwap<Vec<String>>,
     /// Whether `models` came from the configuration (then never rediscovered).
@@ -45,6 +48,14 @@ impl Backend {
             index,
             url: ArcSwap::from_pointee(config.url.trim_end_matches('/').to_owned()),
             weight: config.weight,
+            id: crate::balancer::cache_aware::backend_id(
+                if config.url.is_empty() {
+                    format!("engine-{index}")
+                } else {
+                    config.url.trim_end_matches('/').to_owned()
+                }
+                .as_str(),
+            ),
             models: ArcSwap::from_pointee(config.models.clone().unwrap_or_default()),
             fixed_models: config.models.is_some(),
             slots: AtomicU32::new(config.slots.unwrap_or(0)),

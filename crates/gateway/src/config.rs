@@ -14,13 +14,24 @@ use crate::error::GatewayError;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Policy {
-    /// Only backends with a free slot; ties by power of two choices, weighted.
+    /// Where the request's conversation is likely cached (rendezvous hashing of
+    /// its affinity key), unless that backend is full or above its load bound;
+    /// otherwise as `slots`.
     #[default]
+    CacheAware,
+    /// Only backends with a free slot; ties by power of two choices, weighted.
     Slots,
     /// Every healthy backend in turn, slots or not (for comparison).
     RoundRobin,
     /// The healthy backend with the fewest requests in flight (for comparison).
     LeastRequests,
+}
+
+impl Policy {
+    /// Whether it only picks backends with a free slot, claiming it atomically.
+    pub fn claims_slots(self) -> bool {
+        matches!(self, Self::CacheAware | Self::Slots)
+    }
 }
 
 /// An engine or llama.cpp server the gateway forwards to.
@@ -84,6 +95,9 @@ fn ctx_len() -> u32 {
 pub struct Routing {
     /// How a backend is chosen.
     pub policy: Policy,
+    /// `cache_aware`: a backend keeps its conversations while its busy slots stay
+    /// within this factor of its share of all busy slots.
+    pub cache_load_factor: f64,
     /// Requests that may wait for a slot, per model.
     pub queue_size: u32,
     /// How long one may wait.
@@ -111,7 +125,8 @@ pub struct Routing {
 impl Default for Routing {
     fn default() -> Self {
         Self {
-            policy: Policy::Slots,
+            policy: Policy::CacheAware,
+            cache_load_factor: 1.25,
             queue_size: 256,
             queue_timeout_ms: 30_000,
             max_attempts: 3,
@@ -255,6 +270,12 @@ impl GatewayConfig {
             );
         }
         let r = &self.routing;
+        if r.cache_load_factor.is_nan() || r.cache_load_factor < 1.0 {
+            return bad(
+                "routing.cache_load_factor".into(),
+                format!("must be at least 1.0, got {}", r.cache_load_factor),
+            );
+        }
         if r.max_attempts == 0 {
             return bad("routing.max_attempts".into(), "must be at least 1".into());
         }

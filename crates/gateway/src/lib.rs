@@ -3,6 +3,7 @@
 //! slot, queues it when none has, and retries elsewhere while nothing has reached
 //! the client yet.
 
+pub mod affinity;
 pub mod backend;
 pub mod balancer;
 pub mod config;
@@ -15,6 +16,7 @@ pub mod proxy;
 pub mod retry;
 pub mod server;
 pub mod supervisor;
+pub mod usage;
 
 pub use config::{Cli, GatewayConfig};
 pub use error::GatewayError;

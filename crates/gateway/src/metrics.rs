@@ -15,6 +15,13 @@ pub const QUEUE_DEPTH: &str = "slotgate_queue_depth";
 pub const QUEUE_WAIT: &str = "slotgate_queue_wait_seconds";
 /// Answers sent (counter; `model`, `backend`, `status`).
 pub const REQUESTS: &str = "slotgate_requests_total";
+/// Backends chosen, by how (counter; `reason`: `affinity` kept, `spilled` by
+/// load, `no_affinity`).
+pub const ROUTING: &str = "slotgate_routing_decisions_total";
+/// Prompt tokens of answers, as each backend reported them (counter; `backend`).
+pub const BACKEND_PROMPT_TOKENS: &str = "slotgate_backend_prompt_tokens_total";
+/// Of those, tokens the backend took from its prompt cache (counter; `backend`).
+pub const BACKEND_CACHED_TOKENS: &str = "slotgate_backend_prompt_tokens_cached_total";
 /// Retries (counter; `reason`).
 pub const RETRIES: &str = "slotgate_retries_total";
 /// From arrival to the end of the answer (histogram, seconds; `model`).

@@ -25,6 +25,7 @@ struct Waiter {
 pub struct Pool {
     backends: Vec<Arc<Backend>>,
     policy: Policy,
+    load_factor: f64,
     queue_size: usize,
     queue_timeout: Duration,
     turn: AtomicU64,
@@ -55,6 +56,7 @@ impl Pool {
         Arc::new(Self {
             backends,
             policy: routing.policy,
+            load_factor: routing.cache_load_factor,
             queue_size: routing.queue_size as usize,
             queue_timeout: Duration::from_millis(routing.queue_timeout_ms),
             turn: AtomicU64::new(0),
@@ -95,8 +97,14 @@ impl Pool {
         self.queues.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Claims a slot for `model` now, if the policy finds one, avoiding `exclude`.
-    pub fn try_acquire(self: &Arc<Self>, model: &str, exclude: &[usize]) -> Option<Claim> {
+    /// Claims a slot for `model` now, if the policy finds one, avoiding `exclude`;
+    /// `affinity` is the request's affinity key, if it has one.
+    pub fn try_acquire(
+        self: &Arc<Self>,
+        model: &str,
+        exclude: &[usize],
+        affinity: Option<u64>,
+    ) -> Option<Claim> {
         loop {
             let views: Vec<View> = self
                 .backends
@@ -107,12 +115,17 @@ impl Pool {
                     free: b.free(),
                     in_flight: b.in_flight(),
                     weight: b.weight,
+                    slots: b.slots(),
+                    id: b.id,
                 })
                 .collect();
             let turn = self.turn.fetch_add(1, Ordering::Relaxed);
-            let i = pick(&views, self.policy, turn, &mut |n| rand::random_range(0..n.max(1)))?;
+            let (i, decision) =
+                pick(&views, self.policy, affinity, self.load_factor, turn, &mut |n| {
+                    rand::random_range(0..n.max(1))
+                })?;
             let backend = &self.backends[i];
-            if self.policy == Policy::Slots {
+            if self.policy.claims_slots() {
                 if !backend.try_claim() {
                     // Another request took the last slot between look and claim: look again.
                     continue;
@@ -120,6 +133,7 @@ impl Pool {
             } else {
                 backend.claim_unchecked();
             }
+            metrics::counter!(m::ROUTING, "reason" => decision.label()).increment(1);
             return Some(Claim { pool: self.clone(), backend: backend.clone() });
         }
     }
@@ -130,8 +144,9 @@ impl Pool {
         self: &Arc<Self>,
         model: &str,
         exclude: &[usize],
+        affinity: Option<u64>,
     ) -> Result<Claim, ApiError> {
-        if let Some(claim) = self.try_acquire(model, exclude) {
+        if let Some(claim) = self.try_acquire(model, exclude, affinity) {
             return Ok(claim);
         }
         let started = Instant::now();
@@ -157,14 +172,14 @@ impl Pool {
                 .set(self.queue_depth(model) as f64);
             // A release between the first look and joining the queue would be missed:
             // look once more now that this request is in the queue.
-            if let Some(claim) = self.try_acquire(model, exclude) {
+            if let Some(claim) = self.try_acquire(model, exclude, affinity) {
                 self.leave(model, id);
                 self.record_wait(model, started);
                 return Ok(claim);
             }
             match tokio::time::timeout_at(deadline, woken).await {
                 Ok(_) => {
-                    if let Some(claim) = self.try_acquire(model, exclude) {
+                    if let Some(claim) = self.try_acquire(model, exclude, affinity) {
                         self.record_wait(model, started);
                         return Ok(claim);
                     }
@@ -257,9 +272,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_waiter_times_out_after_the_queue_timeout() {
         let pool = pool(1, 4, 500);
-        let held = pool.acquire("m", &[]).await.unwrap();
+        let held = pool.acquire("m", &[], None).await.unwrap();
         let started = Instant::now();
-        let err = pool.acquire("m", &[]).await.err().unwrap();
+        let err = pool.acquire("m", &[], None).await.err().unwrap();
         assert_eq!(err.code.as_deref(), Some("slot_unavailable"));
         assert_eq!(started.elapsed(), Duration::from_millis(500));
         assert_eq!(pool.queue_depth("m"), 0, "a timed-out waiter leaves the queue");
@@ -269,13 +284,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_release_wakes_waiters_in_order() {
         let pool = pool(1, 4, 60_000);
-        let held = pool.acquire("m", &[]).await.unwrap();
+        let held = pool.acquire("m", &[], None).await.unwrap();
         let order = Arc::new(Mutex::new(Vec::new()));
         let mut waiters = Vec::new();
         for i in 0..3 {
             let (pool, order) = (pool.clone(), order.clone());
             waiters.push(tokio::spawn(async move {
-                let claim = pool.acquire("m", &[]).await.unwrap();
+                let claim = pool.acquire("m", &[], None).await.unwrap();
                 order.lock().unwrap().push(i);
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 drop(claim);
@@ -298,9 +313,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_full_queue_refuses_at_once() {
         let pool = pool(1, 0, 60_000);
-        let _held = pool.acquire("m", &[]).await.unwrap();
+        let _held = pool.acquire("m", &[], None).await.unwrap();
         let started = Instant::now();
-        let err = pool.acquire("m", &[]).await.err().unwrap();
+        let err = pool.acquire("m", &[], None).await.err().unwrap();
         assert_eq!(err.code.as_deref(), Some("slot_unavailable"));
         assert!(err.message.contains("queue is full"), "{}", err.message);
         assert_eq!(started.elapsed(), Duration::ZERO);

@@ -52,16 +52,20 @@ impl Retry {
 struct Peek {
     model: String,
     stream: bool,
+    /// The affinity key for `cache_aware` routing.
+    affinity: Option<u64>,
 }
 
-fn peek(body: &[u8]) -> Result<Peek, ApiError> {
+fn peek(body: &[u8], headers: &HeaderMap) -> Result<Peek, ApiError> {
     let value: Value = slotgate_protocol::parse_json(body)?;
     let model = match value.get("model") {
         Some(Value::String(m)) if !m.is_empty() => m.clone(),
         Some(_) => return Err(ApiError::invalid("model", "model must be a non-empty string")),
         None => return Err(ApiError::invalid("model", "missing field `model`")),
     };
-    Ok(Peek { model, stream: value.get("stream").and_then(Value::as_bool).unwrap_or(false) })
+    let affinity = crate::affinity::key(&model, &value, headers);
+    let stream = value.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    Ok(Peek { model, stream, affinity })
 }
 
 /// Whether a 503 (or 429) body says "full or loading, try elsewhere", in any of
@@ -111,7 +115,7 @@ async fn forward_inner(
     request_id: &str,
     started: Instant,
 ) -> Response {
-    let peek = match peek(&body) {
+    let peek = match peek(&body, headers) {
         Ok(p) => p,
         Err(err) => return api_response(err),
     };
@@ -137,7 +141,7 @@ async fn forward_inner(
             // Nowhere else to go: the same backend again, on a fresh attempt.
             exclude.clear();
         }
-        let claim = match state.pool.acquire(model, &exclude).await {
+        let claim = match state.pool.acquire(model, &exclude, peek.affinity).await {
             Ok(claim) => claim,
             Err(err) => {
                 count(model, "none", err.status());
@@ -199,6 +203,9 @@ async fn forward_inner(
                             metrics::histogram!(m::DURATION, "model" => model.to_owned())
                                 .record(started.elapsed().as_secs_f64());
                             count(model, &backend.url(), status.as_u16());
+                            if status.is_success() {
+                                count_reuse(&backend.url(), &bytes);
+                            }
                             drop(claim);
                             return passthrough(status, &bytes);
                         }
@@ -236,6 +243,16 @@ fn count(model: &str, backend: &str, status: u16) {
         .increment(1);
 }
 
+/// Counts the prompt-cache reuse that `backend` reported in an answer or chunk.
+fn count_reuse(backend: &str, bytes: &[u8]) {
+    if let Some((prompt, cached)) = crate::usage::scan(bytes) {
+        metrics::counter!(m::BACKEND_PROMPT_TOKENS, "backend" => backend.to_owned())
+            .increment(prompt);
+        metrics::counter!(m::BACKEND_CACHED_TOKENS, "backend" => backend.to_owned())
+            .increment(cached);
+    }
+}
+
 fn passthrough(status: StatusCode, bytes: &Bytes) -> Response {
     let mut response = (status, bytes.clone()).into_response();
     response
@@ -255,7 +272,7 @@ fn passthrough(status: StatusCode, bytes: &Bytes) -> Response {
 struct Relay {
     chunks: futures::stream::BoxStream<'static, reqwest::Result<Bytes>>,
     first: Option<Bytes>,
-    _claim: Claim,
+    claim: Claim,
     model: String,
     started: Instant,
     ended: bool,
@@ -278,14 +295,8 @@ async fn stream_response(
     };
     metrics::histogram!(m::TTFT, "model" => model.to_owned())
         .record(started.elapsed().as_secs_f64());
-    let relay = Relay {
-        chunks,
-        first: Some(first),
-        _claim: claim,
-        model: model.to_owned(),
-        started,
-        ended: false,
-    };
+    let relay =
+        Relay { chunks, first: Some(first), claim, model: model.to_owned(), started, ended: false };
     let body = futures::stream::unfold(relay, |mut r| async move {
         if r.ended {
             return None;
@@ -294,7 +305,13 @@ async fn stream_response(
             return Some((Ok::<_, std::convert::Infallible>(first), r));
         }
         match r.chunks.next().await {
-            Some(Ok(bytes)) => Some((Ok(bytes), r)),
+            Some(Ok(bytes)) => {
+                // Only the last chunk of a stream that asked for usage carries it.
+                if crate::usage::mentions_usage(&bytes) {
+                    count_reuse(&r.claim.backend.url(), &bytes);
+                }
+                Some((Ok(bytes), r))
+            }
             Some(Err(err)) => {
                 tracing::warn!(error = %err, model = %r.model, "backend failed mid-stream");
                 r.ended = true;
@@ -337,9 +354,10 @@ mod tests {
 
     #[test]
     fn peek_reads_model_and_stream_only() {
-        let p = peek(br#"{"model":"m","stream":true,"extra":{"kept":1}}"#).unwrap();
-        assert_eq!((p.model.as_str(), p.stream), ("m", true));
-        assert_eq!(peek(br#"{"stream":true}"#).unwrap_err().param.as_deref(), Some("model"));
-        assert_eq!(peek(b"{").unwrap_err().status(), 400);
+        let h = HeaderMap::new();
+        let p = peek(br#"{"model":"m","stream":true,"extra":{"kept":1}}"#, &h).unwrap();
+        assert_eq!((p.model.as_str(), p.stream, p.affinity), ("m", true, None));
+        assert_eq!(peek(br#"{"stream":true}"#, &h).unwrap_err().param.as_deref(), Some("model"));
+        assert_eq!(peek(b"{", &h).unwrap_err().status(), 400);
     }
 }

@@ -123,6 +123,10 @@ pub struct Sampling {
     /// An end-user id, passed through for logs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// OpenAI's key for prompt-cache hits: requests that share it are routed alike
+    /// by the gateway (see its `cache_aware` policy). Engines ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_cache_key: Option<String>,
     /// Reuse the slot's cached prompt prefix (llama.cpp extension, default true).
     /// Logits are not bit-identical across batch shapes, so a seeded request is
     /// reproducible token for token only with the cache off.

@@ -77,6 +77,7 @@ fn sampling() -> impl Strategy<Value = Sampling> {
                 presence_penalty: p.0.map(|v| v - 1.0),
                 frequency_penalty: p.1.map(|v| v - 1.0),
                 logit_bias: bias.map(|m| m.into_iter().map(|(k, v)| (k, v as f32)).collect()),
+                prompt_cache_key: user.clone(),
                 user,
                 cache_prompt: None,
             }

@@ -5,6 +5,7 @@
 //! same decode loop run it. Only the response writer differs.
 
 mod embed;
+mod host_cache;
 mod job;
 mod model;
 mod sampler;

@@ -15,10 +15,13 @@ use llama_cpp_2::model::{LlamaChatMessage, LlamaModel};
 use llama_cpp_2::token::LlamaToken;
 use slotgate_protocol::{ApiError, ErrorType, FinishReason, PromptItem, SlotStatus};
 
+use llama_cpp_2::context::session::{LlamaStateSeqFlags, SeqState};
+
 use super::embed::Embedded;
+use super::host_cache::HostCache;
 use super::job::{ChoiceUsage, Event, Job, JobInput, Outbox, Task};
 use super::sampler;
-use super::slot::{pick_slot, Running, Slot};
+use super::slot::{common_prefix, pick_slot, Pick, Running, Slot, KEEP_SHARE};
 use super::text::TextStream;
 use crate::config::{ModelSettings, TemplateChoice};
 use crate::error::EngineError;
@@ -66,7 +69,13 @@ pub(crate) struct ModelRuntime {
     batch: LlamaBatch<'static>,
     slots: Vec<Slot>,
     queue: VecDeque<Task>,
+    /// KV states of conversations that had to leave their slot.
+    host_cache: HostCache<SeqState>,
 }
+
+/// Caches shorter than this are not worth a copy in host memory: re-reading them
+/// costs less than a step.
+const MIN_SAVED_TOKENS: usize = 16;
 
 impl ModelRuntime {
     /// Loads the file and creates its context. Runs on the scheduler thread: see
@@ -122,6 +131,7 @@ impl ModelRuntime {
             batch: LlamaBatch::new(settings.batch_size as usize, 1),
             slots: (0..n_parallel).map(Slot::new).collect(),
             queue: VecDeque::new(),
+            host_cache: HostCache::new(settings.cache_ram_mib as usize * 1024 * 1024),
             settings,
         })
     }
@@ -313,22 +323,30 @@ impl ModelRuntime {
             return;
         }
         while !self.queue.is_empty() {
-            let Some(i) = pick_slot(&self.slots, &self.queue[0].prompt) else { return };
+            let similarity = self.settings.slot_prompt_similarity;
+            let Some((i, pick)) = pick_slot(&self.slots, &self.queue[0].prompt, similarity) else {
+                return;
+            };
             let Some(task) = self.queue.pop_front() else { return };
-            self.start(i, task, step_no, outbox);
+            self.start(i, pick, task, step_no, outbox);
         }
     }
 
-    /// Puts `task` in slot `i`, keeping the longest cached prefix of its prompt.
-    fn start(&mut self, i: usize, task: Task, step_no: u64, outbox: &mut Outbox) {
+    /// Puts `task` in slot `i`, keeping the longest cached prefix of its prompt:
+    /// the slot's own, or one restored from the host cache when that is longer.
+    /// What the slot held goes to the host cache first when most of it would be lost.
+    fn start(&mut self, i: usize, pick: Pick, task: Task, step_no: u64, outbox: &mut Outbox) {
+        let mut shared = common_prefix(&self.slots[i].cache, &task.prompt);
+        if task.params.cache_prompt && self.host_cache.enabled() && pick != Pick::Warm {
+            shared = self.restore_from_host(i, &task.prompt, shared);
+        }
         let n_vocab = self.n_vocab;
         let slot = &mut self.slots[i];
         // At least one prompt token is decoded again, to get logits to sample from.
-        let mut keep = if task.params.cache_prompt {
-            super::slot::common_prefix(&slot.cache, &task.prompt).min(task.prompt.len() - 1)
-        } else {
-            0
-        };
+        let mut keep = if task.params.cache_prompt { shared.min(task.prompt.len() - 1) } else { 0 };
+        if (keep as f32) < KEEP_SHARE * slot.cache.len() as f32 {
+            Self::save_to_host(&mut self.loaded, &mut self.host_cache, slot, &self.id);
+        }
         let removed = self.loaded.with_dependent_mut(|_, c| {
             c.gen.clear_kv_cache_seq(Some(slot.id), Some(keep as u32), None).unwrap_or(false)
         });
@@ -341,6 +359,7 @@ impl ModelRuntime {
         }
         slot.cache.truncate(keep);
         slot.last_used = step_no;
+        tracing::debug!(model = %self.id, slot = slot.id, ?pick, keep, prompt = task.prompt.len(), "admitted");
         let wait = task.enqueued.elapsed();
         metrics::histogram!(m::QUEUE_WAIT, "model" => self.id.clone()).record(wait.as_secs_f64());
         if let Some(text) = &task.echo_text {
@@ -358,6 +377,81 @@ impl ModelRuntime {
             first_token: None,
             task,
         });
+    }
+
+    /// Restores into slot `i` the host-cache entry that shares the most with
+    /// `prompt`, when it shares more than the slot's own `shared` tokens and a real
+    /// part of the prompt. The slot's cache goes to the host cache first. Returns
+    /// the shared prefix the slot now holds.
+    fn restore_from_host(&mut self, i: usize, prompt: &[LlamaToken], shared: usize) -> usize {
+        let need = (self.settings.slot_prompt_similarity * prompt.len() as f32).ceil() as usize;
+        // A gain of one token is no gain: the last prompt token is decoded anyway.
+        let min = need.max(shared + 2).max(MIN_SAVED_TOKENS);
+        if self.host_cache.best_shared(prompt) < min {
+            metrics::counter!(m::HOST_CACHE_MISSES, "model" => self.id.clone()).increment(1);
+            return shared;
+        }
+        let Some(entry) = self.host_cache.take_best(prompt, min) else { return shared };
+        let slot = &mut self.slots[i];
+        Self::save_to_host(&mut self.loaded, &mut self.host_cache, slot, &self.id);
+        let restored = self.loaded.with_dependent_mut(|_, c| {
+            let _ = c.gen.clear_kv_cache_seq(Some(slot.id), None, None);
+            c.gen.state_seq_set(&entry.state, slot.id as i32)
+        });
+        let id = self.id.clone();
+        self.publish_host_cache();
+        match restored {
+            Ok(()) => {
+                metrics::counter!(m::HOST_CACHE_HITS, "model" => id).increment(1);
+                let slot = &mut self.slots[i];
+                slot.cache = entry.tokens;
+                common_prefix(&slot.cache, prompt)
+            }
+            Err(err) => {
+                // The saved state did not fit this context: start the slot afresh.
+                tracing::warn!(model = %id, error = %err, "host cache restore failed");
+                let slot = &mut self.slots[i];
+                self.loaded.with_dependent_mut(|_, c| {
+                    let _ = c.gen.clear_kv_cache_seq(Some(slot.id), None, None);
+                });
+                slot.cache.clear();
+                0
+            }
+        }
+    }
+
+    /// Copies a slot's sequence into the host cache, if it is worth keeping.
+    fn save_to_host(
+        loaded: &mut Loaded,
+        host_cache: &mut HostCache<SeqState>,
+        slot: &Slot,
+        id: &str,
+    ) {
+        if !host_cache.enabled() || slot.cache.len() < MIN_SAVED_TOKENS {
+            return;
+        }
+        let state = loaded.with_dependent(|_, c| {
+            c.gen.state_seq_get(slot.id as i32, LlamaStateSeqFlags::empty())
+        });
+        match state {
+            Ok(state) => {
+                let bytes = state.byte_len();
+                let kept = host_cache.insert(slot.cache.clone(), state);
+                tracing::debug!(model = %id, slot = slot.id, tokens = slot.cache.len(), bytes, kept, "saved to host cache");
+            }
+            Err(err) => tracing::warn!(model = %id, error = %err, "host cache save failed"),
+        }
+        metrics::gauge!(m::HOST_CACHE_BYTES, "model" => id.to_owned())
+            .set(host_cache.used() as f64);
+        metrics::gauge!(m::HOST_CACHE_ENTRIES, "model" => id.to_owned())
+            .set(host_cache.len() as f64);
+    }
+
+    fn publish_host_cache(&self) {
+        metrics::gauge!(m::HOST_CACHE_BYTES, "model" => self.id.clone())
+            .set(self.host_cache.used() as f64);
+        metrics::gauge!(m::HOST_CACHE_ENTRIES, "model" => self.id.clone())
+            .set(self.host_cache.len() as f64);
     }
 
     /// Builds one batch from every running slot, decodes it, samples.
@@ -519,6 +613,8 @@ impl ModelRuntime {
             .increment(usage.prompt_tokens.into());
         metrics::counter!(m::PROMPT_TOKENS_CACHED, "model" => id.to_owned())
             .increment(usage.cached_tokens.into());
+        metrics::counter!(m::PROMPT_TOKENS_COMPUTED, "model" => id.to_owned())
+            .increment(u64::from(usage.prompt_tokens - usage.cached_tokens));
         tracing::debug!(model = %id, task = run.task.id, ?reason, ?usage, elapsed = ?run.admitted.elapsed(), "choice done");
         run.task.send(outbox, Event::Done { index: run.task.index, reason, usage });
     }

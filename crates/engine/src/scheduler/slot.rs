@@ -57,15 +57,72 @@ pub(crate) fn common_prefix(a: &[LlamaToken], b: &[LlamaToken]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-/// The idle slot to run `prompt` in: the one whose cache shares the longest prefix
-/// with it, and among equals the least recently used. `None` when all are busy.
-pub(crate) fn pick_slot(slots: &[Slot], prompt: &[LlamaToken]) -> Option<usize> {
-    slots
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| s.running.is_none())
-        .max_by_key(|(_, s)| (common_prefix(&s.cache, prompt), std::cmp::Reverse(s.last_used)))
-        .map(|(i, _)| i)
+/// A slot that keeps less than this share of its cache when reused has been
+/// taken from another conversation: its state goes to the host cache first
+/// (llama-server saves a slot's prompt under the same rule).
+pub(crate) const KEEP_SHARE: f32 = 0.5;
+
+/// Why a slot was chosen for a prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pick {
+    /// Its cache is a real share of the prompt and it keeps most of that cache:
+    /// the same conversation, or a shared opening.
+    Warm,
+    /// It held nothing.
+    Empty,
+    /// Shares a real part of the prompt, but reusing it gives up most of what it
+    /// held; taken only when no slot is empty.
+    Shared,
+    /// The least recently used slot, when nothing else fits.
+    Oldest,
+}
+
+/// The idle slot to run `prompt` in, and why; `None` when all are busy.
+///
+/// A slot is a candidate for reuse when the prefix it shares with the prompt is at
+/// least `similarity` of the prompt (llama-server's `--slot-prompt-similarity`).
+/// Among candidates, one that also keeps at least [`KEEP_SHARE`] of its own cache
+/// wins outright (the longest share first). Otherwise an empty slot is taken, so a
+/// new conversation never evicts a warm one while a slot is free; then a candidate
+/// that must give up its cache; then the least recently used slot. Ties go to the
+/// least recently used.
+pub(crate) fn pick_slot(
+    slots: &[Slot],
+    prompt: &[LlamaToken],
+    similarity: f32,
+) -> Option<(usize, Pick)> {
+    let idle = || slots.iter().enumerate().filter(|(_, s)| s.running.is_none());
+    let need = ((similarity * prompt.len() as f32).ceil() as usize).max(1);
+    let mut warm: Option<(usize, usize, bool)> = None;
+    for (i, slot) in idle() {
+        let shared = common_prefix(&slot.cache, prompt);
+        if shared < need {
+            continue;
+        }
+        let keeps = shared as f32 >= KEEP_SHARE * slot.cache.len() as f32;
+        let better = match warm {
+            None => true,
+            Some((j, best, best_keeps)) => {
+                (keeps, shared, std::cmp::Reverse(slot.last_used))
+                    > (best_keeps, best, std::cmp::Reverse(slots[j].last_used))
+            }
+        };
+        if better {
+            warm = Some((i, shared, keeps));
+        }
+    }
+    if let Some((i, _, true)) = warm {
+        return Some((i, Pick::Warm));
+    }
+    if let Some((i, _)) =
+        idle().filter(|(_, s)| s.cache.is_empty()).min_by_key(|(_, s)| s.last_used)
+    {
+        return Some((i, Pick::Empty));
+    }
+    if let Some((i, _, false)) = warm {
+        return Some((i, Pick::Shared));
+    }
+    idle().min_by_key(|(_, s)| s.last_used).map(|(i, _)| (i, Pick::Oldest))
 }
 
 #[cfg(test)]
@@ -76,24 +133,81 @@ mod tests {
         ids.iter().map(|&i| LlamaToken(i)).collect()
     }
 
+    fn slots(caches: &[&[i32]]) -> Vec<Slot> {
+        caches
+            .iter()
+            .enumerate()
+            .map(|(i, c)| Slot { cache: toks(c), last_used: i as u64 + 1, ..Slot::new(i as u32) })
+            .collect()
+    }
+
     #[test]
-    fn picks_the_longest_shared_prefix_then_the_least_recently_used() {
-        let mut slots: Vec<Slot> = (0..3).map(Slot::new).collect();
-        slots[0].cache = toks(&[1, 2, 9]);
-        slots[0].last_used = 5;
-        slots[1].cache = toks(&[1, 2, 3, 4]);
-        slots[1].last_used = 9;
-        slots[2].last_used = 1;
-        assert_eq!(pick_slot(&slots, &toks(&[1, 2, 3, 7])), Some(1));
-        assert_eq!(pick_slot(&slots, &toks(&[5])), Some(2), "no prefix anywhere: LRU");
-        slots[2].last_used = 10;
-        assert_eq!(pick_slot(&slots, &toks(&[5])), Some(0));
+    fn the_next_turn_goes_back_to_its_warm_slot() {
+        let s = slots(&[&[1, 2, 3, 4], &[1, 2, 9, 9], &[]]);
+        assert_eq!(pick_slot(&s, &toks(&[1, 2, 3, 4, 5, 6]), 0.1), Some((0, Pick::Warm)));
+        assert_eq!(pick_slot(&s, &toks(&[1, 2, 9, 9, 7]), 0.1), Some((1, Pick::Warm)));
+    }
+
+    #[test]
+    fn a_new_conversation_takes_an_empty_slot_not_a_warm_one() {
+        // Both share the template's first two tokens with the prompt: enough by the
+        // similarity rule, but reusing either would throw away a conversation.
+        let s = slots(&[&[1, 2, 3, 4, 5, 6], &[], &[1, 2, 7, 8, 9, 9]]);
+        assert_eq!(pick_slot(&s, &toks(&[1, 2, 40, 41]), 0.1), Some((1, Pick::Empty)));
+    }
+
+    #[test]
+    fn without_an_empty_slot_a_shared_prefix_then_the_oldest() {
+        let mut s = slots(&[&[1, 2, 3, 4, 5, 6], &[8, 8, 8]]);
+        assert_eq!(pick_slot(&s, &toks(&[1, 2, 40, 41]), 0.1), Some((0, Pick::Shared)));
+        assert_eq!(pick_slot(&s, &toks(&[1, 2, 40, 41]), 0.9), Some((0, Pick::Oldest)));
+        s[0].last_used = 10;
+        assert_eq!(pick_slot(&s, &toks(&[5, 5]), 0.1), Some((1, Pick::Oldest)));
+    }
+
+    #[test]
+    fn a_share_below_the_similarity_does_not_count() {
+        // 2 of 10 prompt tokens shared is below 0.5: the empty slot wins.
+        let s = slots(&[&[1, 2], &[]]);
+        let prompt = toks(&[1, 2, 3, 3, 3, 3, 3, 3, 3, 3]);
+        assert_eq!(pick_slot(&s, &prompt, 0.5), Some((1, Pick::Empty)));
+        assert_eq!(pick_slot(&s, &prompt, 0.1), Some((0, Pick::Warm)));
     }
 
     #[test]
     fn busy_slots_are_never_picked() {
-        let slots: Vec<Slot> = (0..2).map(Slot::new).collect();
-        assert_eq!(pick_slot(&slots[..0], &toks(&[1])), None);
+        let mut s = slots(&[&[1, 2, 3], &[]]);
+        assert_eq!(pick_slot(&s, &toks(&[1, 2, 3, 4]), 0.1), Some((0, Pick::Warm)));
+        s[0].running = Some(test_running());
+        assert_eq!(pick_slot(&s, &toks(&[1, 2, 3, 4]), 0.1), Some((1, Pick::Empty)));
+        s[1].running = Some(test_running());
+        assert_eq!(pick_slot(&s, &toks(&[1, 2, 3, 4]), 0.1), None);
         assert_eq!(common_prefix(&toks(&[1, 2]), &toks(&[1, 3])), 1);
+    }
+
+    fn test_running() -> Running {
+        let (events, _) = tokio::sync::mpsc::unbounded_channel();
+        let task = Task {
+            id: 1,
+            index: 0,
+            prompt: std::sync::Arc::new(toks(&[1])),
+            params: std::sync::Arc::default(),
+            seed: 0,
+            echo_text: None,
+            events,
+            enqueued: Instant::now(),
+        };
+        Running {
+            task,
+            sampler: LlamaSampler::greedy(),
+            text: TextStream::new(Vec::new()),
+            n_prompt_done: 0,
+            cached: 0,
+            generated: 0,
+            next: None,
+            logits_at: None,
+            admitted: Instant::now(),
+            first_token: None,
+        }
     }
 }

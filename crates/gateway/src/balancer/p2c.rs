@@ -1,21 +1,37 @@
-//! The three policies: `slots` (only backends with a free slot; power of two
+//! The policies: `cache_aware` (see `cache_aware.rs`; `slots` when a request has
+//! no affinity key), `slots` (only backends with a free slot; power of two
 //! choices, weighted), `round_robin` and `least_requests` (for comparison; they
 //! ignore slots).
 
 use crate::config::Policy;
 
-use super::View;
+use super::{cache_aware, Decision, View};
 
-/// Picks a backend, or `None` when the policy finds none. `rand` gives uniform
-/// numbers in `0..n`; `turn` is a counter for round robin.
+/// Picks a backend and says how, or `None` when the policy finds none. `affinity`
+/// is the request's affinity key and `load_factor` the bound of `cache_aware`;
+/// `rand` gives uniform numbers in `0..n`; `turn` is a counter for round robin.
 pub fn pick(
+    views: &[View],
+    policy: Policy,
+    affinity: Option<u64>,
+    load_factor: f64,
+    turn: u64,
+    rand: &mut impl FnMut(u64) -> u64,
+) -> Option<(usize, Decision)> {
+    if let (Policy::CacheAware, Some(key)) = (policy, affinity) {
+        return cache_aware::pick(views, key, load_factor);
+    }
+    pick_plain(views, policy, turn, rand).map(|i| (i, Decision::NoAffinity))
+}
+
+fn pick_plain(
     views: &[View],
     policy: Policy,
     turn: u64,
     rand: &mut impl FnMut(u64) -> u64,
 ) -> Option<usize> {
     match policy {
-        Policy::Slots => {
+        Policy::Slots | Policy::CacheAware => {
             let free: Vec<usize> =
                 (0..views.len()).filter(|&i| views[i].eligible() && views[i].free > 0).collect();
             match free.len() {
@@ -62,13 +78,15 @@ mod tests {
     use super::*;
 
     fn view() -> impl Strategy<Value = View> {
-        (any::<bool>(), any::<bool>(), 0u32..4, 0u32..8, 1u32..5).prop_map(
-            |(healthy, serves, free, in_flight, weight)| View {
+        (any::<bool>(), any::<bool>(), 0u32..4, 0u32..8, 1u32..5, any::<u64>()).prop_map(
+            |(healthy, serves, free, in_flight, weight, id)| View {
                 healthy,
                 serves,
                 free,
                 in_flight,
                 weight,
+                slots: free + in_flight,
+                id,
             },
         )
     }
@@ -86,7 +104,7 @@ mod tests {
     proptest! {
         #[test]
         fn slots_policy_never_picks_an_unhealthy_or_full_backend(views in prop::collection::vec(view(), 0..8), seed in any::<u64>()) {
-            let picked = pick(&views, Policy::Slots, 0, &mut rng(seed));
+            let picked = pick(&views, Policy::Slots, None, 1.25, 0, &mut rng(seed)).map(|p| p.0);
             match picked {
                 Some(i) => prop_assert!(views[i].healthy && views[i].serves && views[i].free > 0),
                 None => prop_assert!(!views.iter().any(|v| v.eligible() && v.free > 0)),
@@ -94,9 +112,20 @@ mod tests {
         }
 
         #[test]
+        fn cache_aware_never_picks_an_unhealthy_or_full_backend(views in prop::collection::vec(view(), 0..8), key in prop::option::of(any::<u64>()), seed in any::<u64>()) {
+            match pick(&views, Policy::CacheAware, key, 1.25, 0, &mut rng(seed)) {
+                Some((i, decision)) => {
+                    prop_assert!(views[i].healthy && views[i].serves && views[i].free > 0);
+                    prop_assert_eq!(decision == Decision::NoAffinity, key.is_none());
+                }
+                None => prop_assert!(!views.iter().any(|v| v.eligible() && v.free > 0)),
+            }
+        }
+
+        #[test]
         fn comparison_policies_only_pick_eligible_backends(views in prop::collection::vec(view(), 0..8), turn in any::<u64>(), seed in any::<u64>()) {
             for policy in [Policy::RoundRobin, Policy::LeastRequests] {
-                match pick(&views, policy, turn, &mut rng(seed)) {
+                match pick(&views, policy, None, 1.25, turn, &mut rng(seed)).map(|p| p.0) {
                     Some(i) => prop_assert!(views[i].eligible()),
                     None => prop_assert!(!views.iter().any(View::eligible)),
                 }
@@ -106,32 +135,60 @@ mod tests {
 
     #[test]
     fn two_choices_prefer_more_free_slots() {
-        let v = |free| View { healthy: true, serves: true, free, in_flight: 0, weight: 1 };
+        let v = |free| View {
+            healthy: true,
+            serves: true,
+            free,
+            in_flight: 0,
+            weight: 1,
+            slots: free,
+            id: 0,
+        };
         let views = [v(1), v(3)];
         for seed in 0..50 {
-            assert_eq!(pick(&views, Policy::Slots, 0, &mut rng(seed)), Some(1));
+            assert_eq!(
+                pick(&views, Policy::Slots, None, 1.25, 0, &mut rng(seed)).map(|p| p.0),
+                Some(1)
+            );
         }
     }
 
     #[test]
     fn weights_share_traffic_among_equals() {
-        let v = |weight| View { healthy: true, serves: true, free: 1, in_flight: 0, weight };
+        let v = |weight| View {
+            healthy: true,
+            serves: true,
+            free: 1,
+            in_flight: 0,
+            weight,
+            slots: 1,
+            id: 0,
+        };
         let views = [v(1), v(1), v(6)];
         let mut counts = [0u32; 3];
         let mut r = rng(42);
         for _ in 0..3000 {
             // With equal free slots the first choice wins ties: its weighted draw decides.
-            counts[pick(&views, Policy::Slots, 0, &mut r).unwrap()] += 1;
+            counts[pick(&views, Policy::Slots, None, 1.25, 0, &mut r).unwrap().0] += 1;
         }
         assert!(counts[2] > counts[0] * 2 && counts[2] > counts[1] * 2, "{counts:?}");
     }
 
     #[test]
     fn round_robin_cycles_through_eligible_backends() {
-        let v = |healthy| View { healthy, serves: true, free: 0, in_flight: 0, weight: 1 };
+        let v = |healthy| View {
+            healthy,
+            serves: true,
+            free: 0,
+            in_flight: 0,
+            weight: 1,
+            slots: 1,
+            id: 0,
+        };
         let views = [v(true), v(false), v(true)];
-        let picks: Vec<_> =
-            (0..4).map(|t| pick(&views, Policy::RoundRobin, t, &mut rng(1)).unwrap()).collect();
+        let picks: Vec<_> = (0..4)
+            .map(|t| pick(&views, Policy::RoundRobin, None, 1.25, t, &mut rng(1)).unwrap().0)
+            .collect();
         assert_eq!(picks, [0, 2, 0, 2]);
     }
 }
