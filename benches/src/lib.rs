@@ -14,7 +14,7 @@ pub mod wrk;
 
 pub use chart::Chart;
 pub use load::{request, run, Arrival, Bodies, Load, Sample, Target};
-pub use peer::{free_port, Peer};
+pub use peer::{free_port, llama_server, Peer};
 pub use report::{by_target, fixed, group, ratio, runs_table, Output, Table};
 /// A release binary of this workspace, built beside the running bench.
 pub fn sibling(name: &str) -> anyhow::Result<std::path::PathBuf> {

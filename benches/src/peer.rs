@@ -23,6 +23,40 @@ pub fn free_port() -> anyhow::Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
+/// llama.cpp's `llama-server` on `model` at `127.0.0.1:port`, with `slots` slots of
+/// `ctx_len` tokens each (its `-c` is the whole KV cache, split evenly over `-np`
+/// slots), `threads` for generation and prompts, named as the tests' model.
+pub fn llama_server(
+    binary: &Path,
+    model: &str,
+    port: u16,
+    threads: u32,
+    slots: usize,
+    ctx_len: u32,
+) -> Command {
+    let mut command = Command::new(binary);
+    let threads = threads.to_string();
+    command.args([
+        "-m",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &port.to_string(),
+        "-t",
+        &threads,
+        "-tb",
+        &threads,
+        "-np",
+        &slots.to_string(),
+        "-c",
+        &(ctx_len as usize * slots).to_string(),
+        "-a",
+        slotgate_tests::MODEL,
+    ]);
+    command
+}
+
 impl Peer {
     /// Starts `command`, which must listen on `127.0.0.1:port`, logging to
     /// `LOG_DIR/NAME.log`, and waits up to `limit` for `GET ready_path` to answer 200.

@@ -134,8 +134,8 @@ async fn the_gateway_keeps_each_conversation_on_one_engine() {
     assert!(reported > 0.0, "the gateway counts the reuse its backends report");
 }
 
-/// A conversation whose engine is saturated spills to the other one, and goes
-/// back when its engine has room again.
+/// A conversation whose engine is saturated spills to the other one, and stays
+/// there, where its newest turn is cached, while that engine has room.
 #[tokio::test]
 async fn a_saturated_engine_spills_the_conversation() {
     let args = ["--n-parallel", "1", "--ctx-len", "1024", "--threads", "1", "--queue-size", "0"];
@@ -146,7 +146,7 @@ async fn a_saturated_engine_spills_the_conversation() {
     ready(&client, &gateway, 2).await;
     let session = json!({"prompt_cache_key": "trip-42"});
     let mut c = Conversation::new("Lisbon");
-    let (first, _) = c.turn(&client, &gateway.url, &session).await;
+    c.turn(&client, &gateway.url, &session).await;
     let served = |text: &str| metric_sum(text, "slotgate_engine_requests_total");
     let mut counts = Vec::new();
     for e in &engines {
@@ -175,10 +175,11 @@ async fn a_saturated_engine_spills_the_conversation() {
     let away = served(&metrics(&client, &engines[1 - home].url).await);
     assert_eq!(away, counts[1 - home] + 1.0, "the spilled turn went to the other engine");
 
-    // Room again at home: the next turn goes back there, where the host cache kept
-    // its first turn through the long stream.
-    let (_, cached) = c.turn(&client, &gateway.url, &session).await;
-    assert!(cached >= first, "back home the turn reused {cached} tokens; turn one had {first}");
+    // Room again at home, but the newest turn is cached where it spilled: the
+    // conversation stays there, warm.
+    warm_turn(&mut c, &client, &gateway.url, &session).await;
     let text = metrics(&client, &gateway.url).await;
     assert_eq!(metric_sum_where(&text, decisions, "reason=\"affinity\""), 3.0, "{text}");
+    let again = served(&metrics(&client, &engines[1 - home].url).await);
+    assert_eq!(again, away + 1.0, "it stayed where it spilled");
 }

@@ -1,6 +1,6 @@
 //! Many conversations on few slots: does each later turn find its prompt cached?
 //!
-//! 1. One engine: N conversations taking turns, on N slots and on N/2 slots, each
+//! 1. One engine: N conversations taking turns (in a new order each round), on N slots and on N/2 slots, each
 //!    turn resending the whole transcript; slotgate-engine against llama-server
 //!    with the same slots, threads and context, and its prompt-cache defaults.
 //! 2. Two slotgate engines behind the gateway, at light load (one conversation at
@@ -22,8 +22,8 @@ use serde::Serialize;
 use serde_json::json;
 use slotgate_benches::conversation::{is_warm, Transcript};
 use slotgate_benches::{
-    fixed, free_port, group, metric_sum, percentile_ms, ratio, request, sibling, Chart, Output,
-    Peer, Table, Target,
+    fixed, free_port, group, llama_server, metric_sum, percentile_ms, ratio, request, sibling,
+    Chart, Output, Peer, Table, Target,
 };
 use slotgate_tests::{model_path, ready, Process, MODEL};
 
@@ -114,7 +114,7 @@ async fn one_turn(
 }
 
 /// Replays the turns of `transcripts[i]` against `targets[i]`: one conversation
-/// at a time, or all at once (`concurrent`), each in order.
+/// at a time, or all at once (`concurrent`), each conversation's turns in order.
 async fn replay(
     client: &reqwest::Client,
     targets: &[Target],
@@ -148,18 +148,30 @@ async fn replay(
             turns.extend(task.await??);
         }
     } else {
+        // Users do not take turns in a fixed order: each round goes through the
+        // conversations in a new order (seeded, so every target gets the same
+        // one). A fixed order would also let round robin keep each conversation
+        // on one backend whenever the backends divide the conversations.
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
         for _ in 0..n {
-            for (c, slot) in transcripts.iter_mut().enumerate() {
+            let mut order: Vec<usize> = (0..transcripts.len()).collect();
+            for i in (1..order.len()).rev() {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                order.swap(i, (seed % (i as u64 + 1)) as usize);
+            }
+            for c in order {
                 let (next, turn) = one_turn(
                     client.clone(),
                     targets[c].clone(),
-                    slot.clone(),
+                    transcripts[c].clone(),
                     c,
                     max_tokens,
                     tag.clone(),
                 )
                 .await?;
-                *slot = next;
+                transcripts[c] = next;
                 turns.push(turn);
             }
         }
@@ -233,30 +245,15 @@ async fn main() -> anyhow::Result<()> {
                 (p.url.clone(), Some(p), None)
             } else {
                 let port = free_port()?;
-                let mut command = std::process::Command::new(
-                    args.llama_server.as_ref().unwrap_or(&PathBuf::new()),
-                );
-                // -c is the whole KV cache, split evenly over -np slots; the prompt
-                // cache keeps its defaults (--cache-ram 8192, similarity 0.1).
-                let threads = args.threads.to_string();
-                command.args([
-                    "-m",
+                // The prompt cache keeps its defaults (--cache-ram 8192, similarity 0.1).
+                let command = llama_server(
+                    args.llama_server.as_deref().unwrap_or(std::path::Path::new("")),
                     &model_str,
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    &port.to_string(),
-                    "-t",
-                    &threads,
-                    "-tb",
-                    &threads,
-                    "-np",
-                    &slots.to_string(),
-                    "-c",
-                    &(args.ctx_len as usize * slots).to_string(),
-                    "-a",
-                    MODEL,
-                ]);
+                    port,
+                    args.threads,
+                    slots,
+                    args.ctx_len,
+                );
                 let peer =
                     Peer::start(name, command, port, "/health", &logs, Duration::from_secs(120))
                         .await?;
@@ -349,6 +346,25 @@ fn later(turns: &[&Turn]) -> (f64, f64, f64) {
     )
 }
 
+/// A table row's first cells: the run, its later turns, and its TTFT p50 against
+/// the `baseline` run's.
+fn cells(
+    target: &str,
+    setting: &str,
+    (warm, p50, p99): (f64, f64, f64),
+    base: (f64, f64, f64),
+    baseline: &str,
+) -> Vec<String> {
+    vec![
+        target.to_owned(),
+        setting.to_owned(),
+        format!("{warm:.0}%"),
+        fixed(p50, 0),
+        fixed(p99, 0),
+        if target == baseline { "-".into() } else { ratio(p50, base.1) },
+    ]
+}
+
 fn summary(run: &[Turn]) -> String {
     let (warm, p50, p99) = later(&run.iter().collect::<Vec<_>>());
     format!("{warm:.0}% of later turns warm, TTFT p50 {p50:.0} ms, p99 {p99:.0} ms")
@@ -384,16 +400,8 @@ fn report(args: &Args, turns: &[Turn], loads: &[(String, String, Vec<f64>)]) -> 
         "p50 vs llama-server",
     ]);
     for ((part, target, setting), _) in runs.iter().filter(|(k, _)| k.0 == "engine") {
-        let (warm, p50, p99) = later(&of(part, target, setting));
         let peer = later(&of(part, "llama-server", setting));
-        table.row(vec![
-            (*target).to_owned(),
-            (*setting).to_owned(),
-            format!("{warm:.0}%"),
-            fixed(p50, 0),
-            fixed(p99, 0),
-            if *target == "llama-server" { "-".into() } else { ratio(p50, peer.1) },
-        ]);
+        table.row(cells(target, setting, later(&of(part, target, setting)), peer, "llama-server"));
     }
     out.text(&table.markdown());
 
@@ -414,7 +422,6 @@ fn report(args: &Args, turns: &[Turn], loads: &[(String, String, Vec<f64>)]) -> 
         "max / mean",
     ]);
     for ((part, target, setting), _) in runs.iter().filter(|(k, _)| k.0 == "gateway") {
-        let (warm, p50, p99) = later(&of(part, target, setting));
         let ideal = later(&of(part, "fixed engine", setting));
         let per = loads
             .iter()
@@ -423,16 +430,11 @@ fn report(args: &Args, turns: &[Turn], loads: &[(String, String, Vec<f64>)]) -> 
             .unwrap_or_default();
         let mean = per.iter().sum::<f64>() / per.len().max(1) as f64;
         let max = per.iter().copied().fold(0.0, f64::max);
-        table.row(vec![
-            (*target).to_owned(),
-            (*setting).to_owned(),
-            format!("{warm:.0}%"),
-            fixed(p50, 0),
-            fixed(p99, 0),
-            if *target == "fixed engine" { "-".into() } else { ratio(p50, ideal.1) },
-            per.iter().map(|v| fixed(*v, 0)).collect::<Vec<_>>().join(" / "),
-            ratio(max, mean),
-        ]);
+        let mut row =
+            cells(target, setting, later(&of(part, target, setting)), ideal, "fixed engine");
+        row.push(per.iter().map(|v| fixed(*v, 0)).collect::<Vec<_>>().join(" / "));
+        row.push(ratio(max, mean));
+        table.row(row);
     }
     out.text(&table.markdown());
 

@@ -16,8 +16,8 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use slotgate_benches::conversation::opening;
 use slotgate_benches::{
-    by_target, fixed, free_port, group, metric_sum, ratio, request, run, runs_table, Arrival,
-    Bodies, Chart, Load, Output, Peer, Report, Table, Target,
+    by_target, fixed, free_port, group, llama_server, metric_sum, ratio, request, run, runs_table,
+    Arrival, Bodies, Chart, Load, Output, Peer, Report, Table, Target,
 };
 use slotgate_tests::{model_path, Process, MODEL};
 
@@ -131,28 +131,14 @@ async fn main() -> anyhow::Result<()> {
             }
             "llama-server" => {
                 let port = free_port()?;
-                let mut command = std::process::Command::new(
-                    args.llama_server.as_ref().unwrap_or(&PathBuf::new()),
-                );
-                // llama-server's -c is the whole KV cache, split evenly over -np slots.
-                command.args([
-                    "-m",
+                let command = llama_server(
+                    args.llama_server.as_deref().unwrap_or(std::path::Path::new("")),
                     &model_str,
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    &port.to_string(),
-                    "-t",
-                    &threads,
-                    "-tb",
-                    &threads,
-                    "-np",
-                    &slots.to_string(),
-                    "-c",
-                    &(ctx_len as usize * slots).to_string(),
-                    "-a",
-                    MODEL,
-                ]);
+                    port,
+                    args.threads,
+                    slots,
+                    ctx_len,
+                );
                 Running::Peer(
                     Peer::start(name, command, port, "/health", &logs, Duration::from_secs(120))
                         .await?,

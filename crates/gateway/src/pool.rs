@@ -12,9 +12,17 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::backend::Backend;
-use crate::balancer::{pick, View};
+use crate::balancer::{pick, Affinity, Decision, View};
 use crate::config::{Policy, Routing};
 use crate::metrics as m;
+
+/// How long the pool remembers where it spilled a conversation: longer than a
+/// pause between turns, shorter than an engine keeps an idle conversation warm.
+const SPILL_MEMORY: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Most conversations remembered; past it, the expired ones go, and if that is not
+/// enough, all (they then follow their rendezvous ranking again).
+const SPILL_ENTRIES: usize = 65_536;
 
 struct Waiter {
     id: u64,
@@ -32,6 +40,9 @@ pub struct Pool {
     next_waiter: AtomicU64,
     /// Waiting requests per model. A std mutex, only held to push or pop.
     queues: Mutex<HashMap<String, VecDeque<Waiter>>>,
+    /// `cache_aware`: where each spilled conversation went (affinity key to
+    /// backend id), and when.
+    spills: Mutex<HashMap<u64, (u64, std::time::Instant)>>,
 }
 
 /// A claimed slot on a backend; released when dropped, which wakes the next
@@ -62,6 +73,7 @@ impl Pool {
             turn: AtomicU64::new(0),
             next_waiter: AtomicU64::new(0),
             queues: Mutex::new(HashMap::new()),
+            spills: Mutex::new(HashMap::new()),
         })
     }
 
@@ -120,10 +132,10 @@ impl Pool {
                 })
                 .collect();
             let turn = self.turn.fetch_add(1, Ordering::Relaxed);
+            let sticky = affinity.and_then(|key| self.spilled_to(key));
+            let rule = affinity.map(|key| Affinity { key, sticky, load_factor: self.load_factor });
             let (i, decision) =
-                pick(&views, self.policy, affinity, self.load_factor, turn, &mut |n| {
-                    rand::random_range(0..n.max(1))
-                })?;
+                pick(&views, self.policy, rule, turn, &mut |n| rand::random_range(0..n.max(1)))?;
             let backend = &self.backends[i];
             if self.policy.claims_slots() {
                 if !backend.try_claim() {
@@ -134,7 +146,38 @@ impl Pool {
                 backend.claim_unchecked();
             }
             metrics::counter!(m::ROUTING, "reason" => decision.label()).increment(1);
+            if let (Some(key), Policy::CacheAware) = (affinity, self.policy) {
+                self.remember(key, decision, sticky, backend.id);
+            }
             return Some(Claim { pool: self.clone(), backend: backend.clone() });
+        }
+    }
+
+    fn spilled_to(&self, key: u64) -> Option<u64> {
+        let spills = self.spills.lock().unwrap_or_else(|e| e.into_inner());
+        spills.get(&key).filter(|(_, at)| at.elapsed() < SPILL_MEMORY).map(|(id, _)| *id)
+    }
+
+    /// Keeps a spilled conversation where it went; forgets it once it is back at
+    /// its first choice.
+    fn remember(&self, key: u64, decision: Decision, sticky: Option<u64>, chosen: u64) {
+        let mut spills = self.spills.lock().unwrap_or_else(|e| e.into_inner());
+        match decision {
+            Decision::Spilled => {
+                if spills.len() >= SPILL_ENTRIES {
+                    spills.retain(|_, (_, at)| at.elapsed() < SPILL_MEMORY);
+                    if spills.len() >= SPILL_ENTRIES {
+                        spills.clear();
+                    }
+                }
+                spills.insert(key, (chosen, std::time::Instant::now()));
+            }
+            Decision::Affinity if sticky == Some(chosen) => {
+                spills.insert(key, (chosen, std::time::Instant::now()));
+            }
+            _ => {
+                spills.remove(&key);
+            }
         }
     }
 
@@ -308,6 +351,41 @@ mod tests {
         // Woken by releases: no polling interval shows up in the elapsed time.
         assert_eq!(started.elapsed(), Duration::from_millis(30));
         assert_eq!(pool.backends()[0].in_flight(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_spilled_conversation_stays_on_the_backend_it_spilled_to() {
+        let backends: Vec<Arc<Backend>> = (0..2)
+            .map(|i| {
+                let config = BackendConfig {
+                    url: format!("http://127.0.0.1:{}", 9000 + i),
+                    models: Some(vec!["m".into()]),
+                    slots: Some(1),
+                    weight: 1,
+                };
+                let backend = Arc::new(Backend::new(i, &config));
+                backend.check_passed(1);
+                backend
+            })
+            .collect();
+        let pool = Pool::new(backends, &Routing::default());
+        let key = Some(11);
+        let home = pool.acquire("m", &[], key).await.unwrap();
+        let home_index = home.backend.index;
+        // Its first choice is full: spilled to the other.
+        let away = pool.acquire("m", &[], key).await.unwrap();
+        assert_ne!(away.backend.index, home_index);
+        drop(home);
+        drop(away);
+        // Both free again: it stays where its newest turn is cached.
+        let next = pool.acquire("m", &[], key).await.unwrap();
+        assert_ne!(next.backend.index, home_index);
+        drop(next);
+        // Until that backend is gone: back to its first choice, and forgotten.
+        pool.backends()[1 - home_index].eject();
+        assert_eq!(pool.acquire("m", &[], key).await.unwrap().backend.index, home_index);
+        pool.backends()[1 - home_index].check_passed(1);
+        assert_eq!(pool.acquire("m", &[], key).await.unwrap().backend.index, home_index);
     }
 
     #[tokio::test(start_paused = true)]

@@ -14,14 +14,34 @@
 //! Thorup and Zadimoghaddam): a backend is skipped while taking the request would
 //! put it above `load_factor` times its share of the busy slots, and the next one
 //! in the ranking is taken, so spilled turns also land in one predictable place.
+//!
+//! With few conversations hashing is lumpy (three of four may rank the same
+//! backend first), and which of them spills depends on timing; a conversation
+//! that moved would move back at its next turn and find its cache on neither
+//! side. So the pool remembers where it last spilled a conversation (`sticky`),
+//! and keeps it there while that backend has room. That memory is one replica's
+//! own and only ever moves a conversation to where its newest turn is cached;
+//! without it every replica still decides alike.
 
 use super::{Decision, View};
 
 /// Picks a backend for a request whose affinity key is `key`: the first in the
 /// key's rendezvous ranking with a free slot and a load within the bound, else the
-/// first with a free slot. `None` when no eligible backend has a free slot.
-pub fn pick(views: &[View], key: u64, load_factor: f64) -> Option<(usize, Decision)> {
-    let ranked = rank(views, key);
+/// first with a free slot. `sticky` is the id of the backend the conversation was
+/// last spilled to, which goes to the front of the ranking while it is eligible.
+/// `None` when no eligible backend has a free slot. `Affinity` means the front of
+/// the ranking was taken.
+pub fn pick(
+    views: &[View],
+    key: u64,
+    sticky: Option<u64>,
+    load_factor: f64,
+) -> Option<(usize, Decision)> {
+    let mut ranked = rank(views, key);
+    if let Some(at) = ranked.iter().position(|&i| Some(views[i].id) == sticky) {
+        let home = ranked.remove(at);
+        ranked.insert(0, home);
+    }
     let first = *ranked.first()?;
     let eligible = || ranked.iter().copied();
     let slots: u64 = eligible().map(|i| u64::from(views[i].slots)).sum();
@@ -135,9 +155,9 @@ mod tests {
             for (v, b) in views.iter_mut().zip(&busy) {
                 *v = view(v.id, 4, *b);
             }
-            let a = pick(&views, key, 1.25).map(|(i, d)| (views[i].id, d));
+            let a = pick(&views, key, None, 1.25).map(|(i, d)| (views[i].id, d));
             views.rotate_left(rotate);
-            let b = pick(&views, key, 1.25).map(|(i, d)| (views[i].id, d));
+            let b = pick(&views, key, None, 1.25).map(|(i, d)| (views[i].id, d));
             prop_assert_eq!(a, b);
         }
 
@@ -148,7 +168,7 @@ mod tests {
             let views: Vec<View> = fleet(3).iter().zip(&busy).map(|(v, &b)| view(v.id, 8, b)).collect();
             let total: u32 = busy.iter().sum();
             let bound = |i: usize| (1.25 * f64::from(total + 1) / 3.0).ceil() >= f64::from(views[i].busy() + 1);
-            if let Some((i, _)) = pick(&views, key, 1.25) {
+            if let Some((i, _)) = pick(&views, key, None, 1.25) {
                 let someone_within = (0..3).any(|j| views[j].free > 0 && bound(j));
                 prop_assert!(!someone_within || bound(i), "picked {i} above its bound: {views:?}");
                 prop_assert!(views[i].free > 0);
@@ -180,9 +200,9 @@ mod tests {
         let mut counts = [0u32; 3];
         for k in 0..3000u64 {
             let key = Fnv::default().write(format!("conversation {k}").as_bytes()).finish();
-            let (i, decision) = pick(&views, key, 1.25).unwrap();
+            let (i, decision) = pick(&views, key, None, 1.25).unwrap();
             assert_eq!(decision, Decision::Affinity);
-            assert_eq!(pick(&views, key, 1.25).unwrap().0, i, "same key, same backend");
+            assert_eq!(pick(&views, key, None, 1.25).unwrap().0, i, "same key, same backend");
             counts[i] += 1;
         }
         assert!(counts.iter().all(|&c| (800..1200).contains(&c)), "{counts:?}");
@@ -195,16 +215,29 @@ mod tests {
         let first = rank(&views, key)[0];
         let second = rank(&views, key)[1];
         views[first] = view(views[first].id, 2, 2);
-        assert_eq!(pick(&views, key, 1.25), Some((second, Decision::Spilled)));
+        assert_eq!(pick(&views, key, None, 1.25), Some((second, Decision::Spilled)));
         // Busier than its share but not full: still spilled by the load bound.
         views[first] = view(views[first].id, 8, 3);
         views[second] = view(views[second].id, 8, 0);
-        assert_eq!(pick(&views, key, 1.25), Some((second, Decision::Spilled)));
+        assert_eq!(pick(&views, key, None, 1.25), Some((second, Decision::Spilled)));
         views[first] = view(views[first].id, 8, 1);
-        assert_eq!(pick(&views, key, 1.25), Some((first, Decision::Affinity)));
+        assert_eq!(pick(&views, key, None, 1.25), Some((first, Decision::Affinity)));
         views[second] = view(views[second].id, 8, 8);
         views[first] = view(views[first].id, 8, 8);
-        assert_eq!(pick(&views, key, 1.25), None);
+        assert_eq!(pick(&views, key, None, 1.25), None);
+    }
+
+    #[test]
+    fn a_spilled_conversation_stays_where_it_spilled_while_there_is_room() {
+        let mut views = fleet(2);
+        let key = 7;
+        let (first, second) = (rank(&views, key)[0], rank(&views, key)[1]);
+        let there = Some(views[second].id);
+        assert_eq!(pick(&views, key, there, 1.25), Some((second, Decision::Affinity)));
+        views[second] = view(views[second].id, 4, 4);
+        assert_eq!(pick(&views, key, there, 1.25), Some((first, Decision::Spilled)));
+        views[second].healthy = false;
+        assert_eq!(pick(&views, key, there, 1.25), Some((first, Decision::Affinity)));
     }
 
     #[test]

@@ -5,7 +5,7 @@
 pub mod cache_aware;
 mod p2c;
 
-pub use p2c::pick;
+pub use p2c::{pick, Affinity};
 
 /// How a backend was chosen, as the `reason` label of the routing counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

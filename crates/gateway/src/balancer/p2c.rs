@@ -7,19 +7,30 @@ use crate::config::Policy;
 
 use super::{cache_aware, Decision, View};
 
+/// What `cache_aware` knows of a request: its affinity key, where the pool last
+/// spilled that conversation, and the load bound.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Affinity {
+    /// The request's affinity key.
+    pub key: u64,
+    /// The id of the backend its conversation was last spilled to.
+    pub sticky: Option<u64>,
+    /// `routing.cache_load_factor`.
+    pub load_factor: f64,
+}
+
 /// Picks a backend and says how, or `None` when the policy finds none. `affinity`
-/// is the request's affinity key and `load_factor` the bound of `cache_aware`;
-/// `rand` gives uniform numbers in `0..n`; `turn` is a counter for round robin.
+/// is what `cache_aware` needs, for a request that has a key; `rand` gives uniform
+/// numbers in `0..n`; `turn` is a counter for round robin.
 pub fn pick(
     views: &[View],
     policy: Policy,
-    affinity: Option<u64>,
-    load_factor: f64,
+    affinity: Option<Affinity>,
     turn: u64,
     rand: &mut impl FnMut(u64) -> u64,
 ) -> Option<(usize, Decision)> {
-    if let (Policy::CacheAware, Some(key)) = (policy, affinity) {
-        return cache_aware::pick(views, key, load_factor);
+    if let (Policy::CacheAware, Some(a)) = (policy, affinity) {
+        return cache_aware::pick(views, a.key, a.sticky, a.load_factor);
     }
     pick_plain(views, policy, turn, rand).map(|i| (i, Decision::NoAffinity))
 }
@@ -104,7 +115,7 @@ mod tests {
     proptest! {
         #[test]
         fn slots_policy_never_picks_an_unhealthy_or_full_backend(views in prop::collection::vec(view(), 0..8), seed in any::<u64>()) {
-            let picked = pick(&views, Policy::Slots, None, 1.25, 0, &mut rng(seed)).map(|p| p.0);
+            let picked = pick(&views, Policy::Slots, None, 0, &mut rng(seed)).map(|p| p.0);
             match picked {
                 Some(i) => prop_assert!(views[i].healthy && views[i].serves && views[i].free > 0),
                 None => prop_assert!(!views.iter().any(|v| v.eligible() && v.free > 0)),
@@ -113,7 +124,8 @@ mod tests {
 
         #[test]
         fn cache_aware_never_picks_an_unhealthy_or_full_backend(views in prop::collection::vec(view(), 0..8), key in prop::option::of(any::<u64>()), seed in any::<u64>()) {
-            match pick(&views, Policy::CacheAware, key, 1.25, 0, &mut rng(seed)) {
+            let affinity = key.map(|key| Affinity { key, sticky: None, load_factor: 1.25 });
+            match pick(&views, Policy::CacheAware, affinity, 0, &mut rng(seed)) {
                 Some((i, decision)) => {
                     prop_assert!(views[i].healthy && views[i].serves && views[i].free > 0);
                     prop_assert_eq!(decision == Decision::NoAffinity, key.is_none());
@@ -125,7 +137,7 @@ mod tests {
         #[test]
         fn comparison_policies_only_pick_eligible_backends(views in prop::collection::vec(view(), 0..8), turn in any::<u64>(), seed in any::<u64>()) {
             for policy in [Policy::RoundRobin, Policy::LeastRequests] {
-                match pick(&views, policy, None, 1.25, turn, &mut rng(seed)).map(|p| p.0) {
+                match pick(&views, policy, None, turn, &mut rng(seed)).map(|p| p.0) {
                     Some(i) => prop_assert!(views[i].eligible()),
                     None => prop_assert!(!views.iter().any(View::eligible)),
                 }
@@ -146,10 +158,7 @@ mod tests {
         };
         let views = [v(1), v(3)];
         for seed in 0..50 {
-            assert_eq!(
-                pick(&views, Policy::Slots, None, 1.25, 0, &mut rng(seed)).map(|p| p.0),
-                Some(1)
-            );
+            assert_eq!(pick(&views, Policy::Slots, None, 0, &mut rng(seed)).map(|p| p.0), Some(1));
         }
     }
 
@@ -169,7 +178,7 @@ mod tests {
         let mut r = rng(42);
         for _ in 0..3000 {
             // With equal free slots the first choice wins ties: its weighted draw decides.
-            counts[pick(&views, Policy::Slots, None, 1.25, 0, &mut r).unwrap().0] += 1;
+            counts[pick(&views, Policy::Slots, None, 0, &mut r).unwrap().0] += 1;
         }
         assert!(counts[2] > counts[0] * 2 && counts[2] > counts[1] * 2, "{counts:?}");
     }
@@ -187,7 +196,7 @@ mod tests {
         };
         let views = [v(true), v(false), v(true)];
         let picks: Vec<_> = (0..4)
-            .map(|t| pick(&views, Policy::RoundRobin, None, 1.25, t, &mut rng(1)).unwrap().0)
+            .map(|t| pick(&views, Policy::RoundRobin, None, t, &mut rng(1)).unwrap().0)
             .collect();
         assert_eq!(picks, [0, 2, 0, 2]);
     }
