@@ -45,6 +45,9 @@ struct Args {
     /// Context of one slot, in tokens.
     #[arg(long, default_value_t = 1024)]
     ctx_len: u32,
+    /// Skip part 1 (one engine), to rerun the gateway part alone.
+    #[arg(long)]
+    gateway_only: bool,
     /// llama.cpp's `llama-server`; its part is skipped without it.
     #[arg(long)]
     llama_server: Option<PathBuf>,
@@ -237,7 +240,7 @@ async fn main() -> anyhow::Result<()> {
     if args.llama_server.is_some() {
         engines.push("llama-server");
     }
-    for name in &engines {
+    for name in engines.iter().filter(|_| !args.gateway_only) {
         for slots in [n, n / 2] {
             let setting = format!("{slots} slots");
             let (url, _ours, _peer) = if *name == "slotgate-engine" {
@@ -375,11 +378,14 @@ fn report(args: &Args, turns: &[Turn], loads: &[(String, String, Vec<f64>)]) -> 
     let mut out = Output::new(&args.out, "conversations");
     out.text(&format!(
         "Model `{MODEL}`, {n} conversations of {} turns, each turn resending the whole transcript \
-         (about 450 tokens of opening, then {} tokens per answer) as a streamed text completion; \
-         {} tokens of context per slot. A later turn is warm when the engine reused at least its \
-         whole previous prompt (less 2 tokens for a re-tokenized boundary). llama-server built \
-         from llama.cpp `{}`, with its prompt-cache defaults.\n",
-        args.turns, args.max_tokens, args.ctx_len, args.llama_commit
+         (about 720 tokens of opening, then a question and an answer of {} tokens per turn) as \
+         a streamed text completion; {} tokens of context per slot. A later turn is warm when \
+         the engine reused its whole previous prompt, less {} tokens (a re-tokenized boundary; \
+         llama-server's host cache gives back a few tokens less than it saved); a turn that \
+         found only an older turn misses over 30. llama-server built from llama.cpp `{}`, with \
+         its prompt-cache defaults.\n",
+        args.turns, args.max_tokens, args.ctx_len, slotgate_benches::conversation::WARM_SLACK,
+        args.llama_commit
     ));
     let runs =
         group(turns.iter().map(|t| ((t.part, t.target.as_str(), t.setting.as_str()), (0.0, 0.0))));
