@@ -384,7 +384,10 @@ fn report(args: &Args, turns: &[Turn], loads: &[(String, String, Vec<f64>)]) -> 
          llama-server's host cache gives back a few tokens less than it saved); a turn that \
          found only an older turn misses over 30. llama-server built from llama.cpp `{}`, with \
          its prompt-cache defaults.\n",
-        args.turns, args.max_tokens, args.ctx_len, slotgate_benches::conversation::WARM_SLACK,
+        args.turns,
+        args.max_tokens,
+        args.ctx_len,
+        slotgate_benches::conversation::WARM_SLACK,
         args.llama_commit
     ));
     let runs =

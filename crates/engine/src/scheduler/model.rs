@@ -399,7 +399,7 @@ impl ModelRuntime {
             c.gen.state_seq_set(&entry.state, slot.id as i32)
         });
         let id = self.id.clone();
-        self.publish_host_cache();
+        publish_host_cache(&self.host_cache, &id);
         match restored {
             Ok(()) => {
                 metrics::counter!(m::HOST_CACHE_HITS, "model" => id).increment(1);
@@ -441,17 +441,7 @@ impl ModelRuntime {
             }
             Err(err) => tracing::warn!(model = %id, error = %err, "host cache save failed"),
         }
-        metrics::gauge!(m::HOST_CACHE_BYTES, "model" => id.to_owned())
-            .set(host_cache.used() as f64);
-        metrics::gauge!(m::HOST_CACHE_ENTRIES, "model" => id.to_owned())
-            .set(host_cache.len() as f64);
-    }
-
-    fn publish_host_cache(&self) {
-        metrics::gauge!(m::HOST_CACHE_BYTES, "model" => self.id.clone())
-            .set(self.host_cache.used() as f64);
-        metrics::gauge!(m::HOST_CACHE_ENTRIES, "model" => self.id.clone())
-            .set(self.host_cache.len() as f64);
+        publish_host_cache(host_cache, id);
     }
 
     /// Builds one batch from every running slot, decodes it, samples.
@@ -668,6 +658,12 @@ impl ModelRuntime {
             queue_depth: self.queue.len(),
         }
     }
+}
+
+/// Sets the host cache's gauges of model `id`.
+fn publish_host_cache(host_cache: &HostCache<SeqState>, id: &str) {
+    metrics::gauge!(m::HOST_CACHE_BYTES, "model" => id.to_owned()).set(host_cache.used() as f64);
+    metrics::gauge!(m::HOST_CACHE_ENTRIES, "model" => id.to_owned()).set(host_cache.len() as f64);
 }
 
 /// Renders a conversation with the template stored in the GGUF, through llama.cpp.
