@@ -132,7 +132,9 @@ impl Pool {
                 })
                 .collect();
             let turn = self.turn.fetch_add(1, Ordering::Relaxed);
-            let sticky = affinity.and_then(|key| self.spilled_to(key));
+            let sticky = affinity
+                .filter(|_| self.policy == Policy::CacheAware)
+                .and_then(|key| self.spilled_to(key));
             let rule = affinity.map(|key| Affinity { key, sticky, load_factor: self.load_factor });
             let (i, decision) =
                 pick(&views, self.policy, rule, turn, &mut |n| rand::random_range(0..n.max(1)))?;
@@ -161,6 +163,10 @@ impl Pool {
     /// Keeps a spilled conversation where it went; forgets it once it is back at
     /// its first choice.
     fn remember(&self, key: u64, decision: Decision, sticky: Option<u64>, chosen: u64) {
+        if decision != Decision::Spilled && sticky.is_none() {
+            // At its first choice and not remembered: nothing to write, no lock taken.
+            return;
+        }
         let mut spills = self.spills.lock().unwrap_or_else(|e| e.into_inner());
         match decision {
             Decision::Spilled => {

@@ -204,7 +204,7 @@ async fn forward_inner(
                                 .record(started.elapsed().as_secs_f64());
                             count(model, &backend.url(), status.as_u16());
                             if status.is_success() {
-                                count_reuse(&backend.url(), &bytes);
+                                count_reuse(&backend, &bytes);
                             }
                             drop(claim);
                             return passthrough(status, &bytes);
@@ -244,12 +244,11 @@ fn count(model: &str, backend: &str, status: u16) {
 }
 
 /// Counts the prompt-cache reuse that `backend` reported in an answer or chunk.
-fn count_reuse(backend: &str, bytes: &[u8]) {
+fn count_reuse(backend: &crate::backend::Backend, bytes: &[u8]) {
     if let Some((prompt, cached)) = crate::usage::scan(bytes) {
-        metrics::counter!(m::BACKEND_PROMPT_TOKENS, "backend" => backend.to_owned())
-            .increment(prompt);
-        metrics::counter!(m::BACKEND_CACHED_TOKENS, "backend" => backend.to_owned())
-            .increment(cached);
+        let url = backend.url();
+        metrics::counter!(m::BACKEND_PROMPT_TOKENS, "backend" => url.to_string()).increment(prompt);
+        metrics::counter!(m::BACKEND_CACHED_TOKENS, "backend" => url.to_string()).increment(cached);
     }
 }
 
@@ -307,9 +306,7 @@ async fn stream_response(
         match r.chunks.next().await {
             Some(Ok(bytes)) => {
                 // Only the last chunk of a stream that asked for usage carries it.
-                if crate::usage::mentions_usage(&bytes) {
-                    count_reuse(&r.claim.backend.url(), &bytes);
-                }
+                count_reuse(&r.claim.backend, &bytes);
                 Some((Ok(bytes), r))
             }
             Some(Err(err)) => {

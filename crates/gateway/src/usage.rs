@@ -3,18 +3,15 @@
 //! answers untouched, and only wants two numbers from them.
 
 /// `usage.prompt_tokens` and `usage.prompt_tokens_details.cached_tokens` (0 when
-/// absent) of an answer, or of a streamed chunk that carries usage.
+/// absent) of an answer, or of a streamed chunk that carries usage; `None` for
+/// anything else, after one pass over the bytes. A `"usage"` inside a text is
+/// escaped (`\"usage\"`) and never matches.
 pub fn scan(bytes: &[u8]) -> Option<(u64, u64)> {
     let at = rfind(bytes, b"\"usage\"")?;
     let usage = &bytes[at..];
     let prompt = number_after(usage, b"\"prompt_tokens\"")?;
     let cached = number_after(usage, b"\"cached_tokens\"").unwrap_or(0);
     Some((prompt, cached))
-}
-
-/// Whether `bytes` may hold a usage object: a cheap test for every streamed chunk.
-pub fn mentions_usage(bytes: &[u8]) -> bool {
-    find(bytes, b"\"usage\":{").is_some() || find(bytes, b"\"usage\": {").is_some()
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
@@ -46,11 +43,10 @@ mod tests {
     fn reads_usage_in_the_shapes_engines_send() {
         let ours = br#"{"choices":[{"text":"prompt_tokens"}],"usage":{"prompt_tokens":120,"completion_tokens":8,"total_tokens":128,"prompt_tokens_details":{"cached_tokens":96}}}"#;
         assert_eq!(scan(ours), Some((120, 96)));
-        assert!(mentions_usage(ours));
         let spaced = b"data: {\"usage\": {\"prompt_tokens\" : 7, \"completion_tokens\": 1}}\n\n";
         assert_eq!(scan(spaced), Some((7, 0)));
-        assert!(mentions_usage(spaced));
         assert_eq!(scan(br#"{"usage":null}"#), None);
-        assert!(!mentions_usage(br#"data: {"choices":[{"delta":{"content":"usage"}}]}"#));
+        assert_eq!(scan(br#"data: {"choices":[{"delta":{"content":"usage"}}]}"#), None);
+        assert_eq!(scan(br#"data: {"choices":[{"delta":{"content":""usage""}}]}"#), None);
     }
 }

@@ -112,6 +112,7 @@ impl<S: StateSize> HostCache<S> {
     }
 
     /// The longest prefix of `prompt` that some entry holds.
+    #[cfg(test)]
     pub fn best_shared(&self, prompt: &[LlamaToken]) -> usize {
         self.entries.iter().map(|e| common_prefix(&e.tokens, prompt)).max().unwrap_or(0)
     }

@@ -387,11 +387,10 @@ impl ModelRuntime {
         let need = (self.settings.slot_prompt_similarity * prompt.len() as f32).ceil() as usize;
         // A gain of one token is no gain: the last prompt token is decoded anyway.
         let min = need.max(shared + 2).max(MIN_SAVED_TOKENS);
-        if self.host_cache.best_shared(prompt) < min {
+        let Some(entry) = self.host_cache.take_best(prompt, min) else {
             metrics::counter!(m::HOST_CACHE_MISSES, "model" => self.id.clone()).increment(1);
             return shared;
-        }
-        let Some(entry) = self.host_cache.take_best(prompt, min) else { return shared };
+        };
         let slot = &mut self.slots[i];
         Self::save_to_host(&mut self.loaded, &mut self.host_cache, slot, &self.id);
         let restored = self.loaded.with_dependent_mut(|_, c| {
