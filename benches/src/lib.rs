@@ -14,13 +14,39 @@ pub mod wrk;
 
 pub use chart::Chart;
 pub use load::{request, run, Arrival, Bodies, Load, Sample, Target};
-pub use peer::{free_port, llama_server, Peer};
+pub use peer::{free_port, start_llama_server, Peer};
 pub use report::{by_target, fixed, group, ratio, runs_table, Output, Table};
 /// A release binary of this workspace, built beside the running bench.
 pub fn sibling(name: &str) -> anyhow::Result<std::path::PathBuf> {
     let path = std::env::current_exe()?.with_file_name(name);
     anyhow::ensure!(path.is_file(), "{} missing: cargo build --release --bins", path.display());
     Ok(path)
+}
+
+/// Starts the release `slotgate-engine` on the default model with `slots` slots of
+/// `ctx_len` tokens, `threads` decoding threads, and `extra` flags.
+pub fn start_engine(
+    slots: usize,
+    threads: u32,
+    ctx_len: u32,
+    extra: &[&str],
+) -> anyhow::Result<slotgate_tests::Process> {
+    let model = slotgate_tests::model_path();
+    let (threads, slots, ctx_len) = (threads.to_string(), slots.to_string(), ctx_len.to_string());
+    let mut args = vec![
+        "--model",
+        model.to_str().unwrap_or_default(),
+        "--port",
+        "0",
+        "--threads",
+        &threads,
+        "--n-parallel",
+        &slots,
+        "--ctx-len",
+        &ctx_len,
+    ];
+    args.extend_from_slice(extra);
+    Ok(slotgate_tests::Process::start(&sibling("slotgate-engine")?, &args))
 }
 
 pub use stats::{metric_sum, percentile_ms, Percentiles, Report};

@@ -23,22 +23,24 @@ pub fn free_port() -> anyhow::Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
-/// llama.cpp's `llama-server` on `model` at `127.0.0.1:port`, with `slots` slots of
-/// `ctx_len` tokens each (its `-c` is the whole KV cache, split evenly over `-np`
-/// slots), `threads` for generation and prompts, named as the tests' model.
-pub fn llama_server(
+/// Starts llama.cpp's `llama-server` (`binary`) on the default model with `slots`
+/// slots of `ctx_len` tokens each (its `-c` is the whole KV cache, split evenly
+/// over `-np` slots) and `threads` for generation and prompts, named as the tests'
+/// model, logging to `LOG_DIR/llama-server.log`; waits up to 2 minutes for it.
+pub async fn start_llama_server(
     binary: &Path,
-    model: &str,
-    port: u16,
     threads: u32,
     slots: usize,
     ctx_len: u32,
-) -> Command {
+    log_dir: &Path,
+) -> anyhow::Result<Peer> {
+    let port = free_port()?;
+    let model = slotgate_tests::model_path();
     let mut command = Command::new(binary);
     let threads = threads.to_string();
     command.args([
         "-m",
-        model,
+        model.to_str().unwrap_or_default(),
         "--host",
         "127.0.0.1",
         "--port",
@@ -54,7 +56,7 @@ pub fn llama_server(
         "-a",
         slotgate_tests::MODEL,
     ]);
-    command
+    Peer::start("llama-server", command, port, "/health", log_dir, Duration::from_secs(120)).await
 }
 
 impl Peer {

@@ -22,10 +22,10 @@ use serde::Serialize;
 use serde_json::json;
 use slotgate_benches::conversation::{is_warm, Transcript};
 use slotgate_benches::{
-    fixed, free_port, group, llama_server, metric_sum, percentile_ms, ratio, request, sibling,
-    Chart, Output, Peer, Table, Target,
+    fixed, group, metric_sum, percentile_ms, ratio, request, sibling, start_engine,
+    start_llama_server, Chart, Output, Table, Target,
 };
-use slotgate_tests::{model_path, ready, Process, MODEL};
+use slotgate_tests::{ready, Process, MODEL};
 
 #[derive(Parser)]
 struct Args {
@@ -186,25 +186,6 @@ fn transcripts(run: &str, n: usize) -> Vec<Transcript> {
     (0..n).map(|c| Transcript::new(&format!("{run}-{c}"))).collect()
 }
 
-fn start_engine(slots: usize, threads: u32, ctx_len: u32) -> anyhow::Result<Process> {
-    let model = model_path();
-    Ok(Process::start(
-        &sibling("slotgate-engine")?,
-        &[
-            "--model",
-            model.to_str().unwrap_or_default(),
-            "--port",
-            "0",
-            "--threads",
-            &threads.to_string(),
-            "--n-parallel",
-            &slots.to_string(),
-            "--ctx-len",
-            &ctx_len.to_string(),
-        ],
-    ))
-}
-
 /// Requests each engine answered, from its `/metrics`.
 async fn served(client: &reqwest::Client, engines: &[Process]) -> Vec<f64> {
     let mut out = Vec::new();
@@ -230,8 +211,6 @@ async fn main() -> anyhow::Result<()> {
     anyhow::ensure!(args.conversations >= 4, "--conversations must be at least 4");
     let n = args.conversations;
     let logs = args.out.join("logs");
-    let model = model_path();
-    let model_str = model.to_str().unwrap_or_default().to_owned();
     let client = reqwest::Client::builder().pool_max_idle_per_host(0).build()?;
     let mut turns: Vec<Turn> = Vec::new();
 
@@ -244,22 +223,13 @@ async fn main() -> anyhow::Result<()> {
         for slots in [n, n / 2] {
             let setting = format!("{slots} slots");
             let (url, _ours, _peer) = if *name == "slotgate-engine" {
-                let p = start_engine(slots, args.threads, args.ctx_len)?;
+                let p = start_engine(slots, args.threads, args.ctx_len, &[])?;
                 (p.url.clone(), Some(p), None)
             } else {
-                let port = free_port()?;
                 // The prompt cache keeps its defaults (--cache-ram 8192, similarity 0.1).
-                let command = llama_server(
-                    args.llama_server.as_deref().unwrap_or(std::path::Path::new("")),
-                    &model_str,
-                    port,
-                    args.threads,
-                    slots,
-                    args.ctx_len,
-                );
+                let binary = args.llama_server.as_deref().unwrap_or(std::path::Path::new(""));
                 let peer =
-                    Peer::start(name, command, port, "/health", &logs, Duration::from_secs(120))
-                        .await?;
+                    start_llama_server(binary, args.threads, slots, args.ctx_len, &logs).await?;
                 (peer.url.clone(), None, Some(peer))
             };
             warm_up(&client, &url).await?;
@@ -285,8 +255,8 @@ async fn main() -> anyhow::Result<()> {
         for route in routes {
             let half = (args.threads / 2).max(1);
             let fleet = [
-                start_engine(n / 2, half, args.ctx_len)?,
-                start_engine(n / 2, half, args.ctx_len)?,
+                start_engine(n / 2, half, args.ctx_len, &[])?,
+                start_engine(n / 2, half, args.ctx_len, &[])?,
             ];
             for e in &fleet {
                 warm_up(&client, &e.url).await?;

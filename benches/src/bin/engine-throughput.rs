@@ -16,8 +16,8 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use slotgate_benches::conversation::opening;
 use slotgate_benches::{
-    by_target, fixed, free_port, group, llama_server, metric_sum, ratio, request, run, runs_table,
-    Arrival, Bodies, Chart, Load, Output, Peer, Report, Table, Target,
+    by_target, fixed, free_port, group, metric_sum, ratio, request, run, runs_table, start_engine,
+    start_llama_server, Arrival, Bodies, Chart, Load, Output, Peer, Report, Table, Target,
 };
 use slotgate_tests::{model_path, Process, MODEL};
 
@@ -110,38 +110,12 @@ async fn main() -> anyhow::Result<()> {
     for name in names {
         let engine = match name {
             "slotgate-engine" => {
-                let bin = slotgate_benches::sibling("slotgate-engine")?;
-                Running::Ours(Process::start(
-                    &bin,
-                    &[
-                        "--model",
-                        &model_str,
-                        "--port",
-                        "0",
-                        "--threads",
-                        &threads,
-                        "--n-parallel",
-                        &slots.to_string(),
-                        "--ctx-len",
-                        &ctx_len.to_string(),
-                        "--queue-size",
-                        "64",
-                    ],
-                ))
+                Running::Ours(start_engine(slots, args.threads, ctx_len, &["--queue-size", "64"])?)
             }
             "llama-server" => {
-                let port = free_port()?;
-                let command = llama_server(
-                    args.llama_server.as_deref().unwrap_or(std::path::Path::new("")),
-                    &model_str,
-                    port,
-                    args.threads,
-                    slots,
-                    ctx_len,
-                );
+                let binary = args.llama_server.as_deref().unwrap_or(std::path::Path::new(""));
                 Running::Peer(
-                    Peer::start(name, command, port, "/health", &logs, Duration::from_secs(120))
-                        .await?,
+                    start_llama_server(binary, args.threads, slots, ctx_len, &logs).await?,
                 )
             }
             _ => {
