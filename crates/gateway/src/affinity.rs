@@ -11,7 +11,7 @@
 use axum::http::HeaderMap;
 use serde_json::Value;
 
-use crate::balancer::cache_aware::Fnv;
+use crate::hash::Fnv;
 
 /// The header clients may send to keep their requests together.
 pub const SESSION_HEADER: &str = "x-session-id";

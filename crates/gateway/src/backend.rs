@@ -48,7 +48,7 @@ impl Backend {
             index,
             url: ArcSwap::from_pointee(config.url.trim_end_matches('/').to_owned()),
             weight: config.weight,
-            id: crate::balancer::cache_aware::backend_id(
+            id: crate::hash::backend_id(
                 if config.url.is_empty() {
                     format!("engine-{index}")
                 } else {

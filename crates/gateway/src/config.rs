@@ -8,31 +8,8 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
+pub use crate::balancer::Policy;
 use crate::error::GatewayError;
-
-/// How a backend is chosen among those with a free slot.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Policy {
-    /// Where the request's conversation is likely cached (rendezvous hashing of
-    /// its affinity key), unless that backend is full or above its load bound;
-    /// otherwise as `slots`.
-    #[default]
-    CacheAware,
-    /// Only backends with a free slot; ties by power of two choices, weighted.
-    Slots,
-    /// Every healthy backend in turn, slots or not (for comparison).
-    RoundRobin,
-    /// The healthy backend with the fewest requests in flight (for comparison).
-    LeastRequests,
-}
-
-impl Policy {
-    /// Whether it only picks backends with a free slot, claiming it atomically.
-    pub fn claims_slots(self) -> bool {
-        matches!(self, Self::CacheAware | Self::Slots)
-    }
-}
 
 /// An engine or llama.cpp server the gateway forwards to.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

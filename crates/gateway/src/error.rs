@@ -1,6 +1,7 @@
 //! The gateway's one error type. Errors that reach a client leave as the OpenAI
 //! envelope; what went wrong upstream is logged, not sent.
 
+use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
 use slotgate_protocol::ApiError;
 
@@ -12,6 +13,9 @@ pub enum GatewayError {
     /// An answer for the client, as it is.
     #[error(transparent)]
     Api(#[from] ApiError),
+    /// The request body could not be read (too large, broken off).
+    #[error(transparent)]
+    Body(#[from] BytesRejection),
     /// A setting is wrong; names the field.
     #[error("invalid configuration: {0}")]
     Config(String),
@@ -24,6 +28,9 @@ impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
         match self {
             Self::Api(err) => api_response(err),
+            Self::Body(rejection) => {
+                slotgate_http::rejection_response(rejection.status(), rejection.body_text())
+            }
             other => {
                 tracing::error!(error = %other, "request failed");
                 api_response(ApiError::internal())

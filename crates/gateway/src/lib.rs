@@ -8,14 +8,17 @@ pub mod backend;
 pub mod balancer;
 pub mod config;
 pub mod error;
+pub mod hash;
 pub mod health;
 pub mod ids;
 pub mod metrics;
 pub mod pool;
 pub mod proxy;
 pub mod retry;
+pub mod routes;
 pub mod server;
 pub mod supervisor;
+pub mod upstream;
 pub mod usage;
 
 pub use config::{Cli, GatewayConfig};

@@ -1,10 +1,174 @@
-//! The retry budget: retries may add at most a fraction of the request rate, plus
-//! a small floor per second, so that a sick fleet is not buried in retries.
+//! The one retry policy of the gateway: what a failed attempt means (may it be
+//! retried, is its backend left out of the next attempt), whether there is a next
+//! attempt at all (attempts left, and a retry budget), and how long to wait first.
+//!
+//! Only failures before anything reached the client are retried; the proxy never
+//! asks about a stream that has started.
 
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-/// A token bucket refilled by requests (`ratio` each) and by time (`floor` a second).
+use slotgate_protocol::{ApiError, ErrorEnvelope, ErrorType};
+
+use crate::config::Routing;
+
+/// What went wrong with one attempt, as the `reason` label of the retry counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// The backend said its slots and queue are full, or it is loading.
+    SlotUnavailable,
+    /// The connection was refused: the backend is down.
+    Connect,
+    /// The request failed before any byte of an answer came back.
+    BeforeFirstByte,
+    /// A non-streamed answer broke off before its end.
+    BrokenBody,
+}
+
+impl Failure {
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::SlotUnavailable => "slot_unavailable",
+            Self::Connect => "connect",
+            Self::BeforeFirstByte => "before_first_byte",
+            Self::BrokenBody => "broken_body",
+        }
+    }
+}
+
+/// What one attempt came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The backend answered, and its answer goes to the client as it is (an error
+    /// of the request's own, such as a 400, included).
+    Answered(u16),
+    /// Nothing usable came back.
+    Failed(Failure),
+}
+
+/// The policy's reading of one attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    /// What happened.
+    pub outcome: Outcome,
+    /// Whether another attempt may succeed.
+    pub retryable: bool,
+    /// Whether the next attempt must avoid this backend.
+    pub exclude: bool,
+    /// Whether the backend is taken out of rotation at once (until a health check
+    /// admits it again).
+    pub eject: bool,
+}
+
+/// What to do after a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Try again after this pause.
+    RetryAfter(Duration),
+    /// Stop: the client gets an error.
+    GiveUp(GiveUp),
+}
+
+/// Why there is no next attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GiveUp {
+    /// `routing.max_attempts` attempts were made.
+    Attempts,
+    /// The retry budget is spent: the fleet is sick, retries would bury it.
+    Budget,
+    /// The attempt was answered, or failed in a way another attempt cannot mend.
+    NotRetryable,
+}
+
+/// Attempts, backoff and budget, from `[routing]`.
+#[derive(Debug)]
+pub struct RetryPolicy {
+    max_attempts: u32,
+    backoff: Duration,
+    budget: RetryBudget,
+}
+
+impl RetryPolicy {
+    /// The policy of `routing`.
+    pub fn new(routing: &Routing) -> Self {
+        Self {
+            max_attempts: routing.max_attempts,
+            backoff: Duration::from_millis(routing.retry_backoff_ms),
+            budget: RetryBudget::new(routing.retry_budget, routing.retry_budget_min),
+        }
+    }
+
+    /// Attempts a request may make, the first included.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// A request arrived: it earns the budget its share of retries.
+    pub fn arrived(&self) {
+        self.budget.deposit();
+    }
+
+    /// Reads an attempt's outcome; `failed_before` is how many attempts of this
+    /// request failed before this one.
+    pub fn judge(&self, outcome: Outcome, failed_before: u32) -> Verdict {
+        let failure = match outcome {
+            Outcome::Answered(_) => {
+                return Verdict { outcome, retryable: false, exclude: false, eject: false }
+            }
+            Outcome::Failed(failure) => failure,
+        };
+        let (exclude, eject) = match failure {
+            Failure::SlotUnavailable => (true, false),
+            Failure::Connect => (true, true),
+            // The first is often a pooled connection that the backend had closed: a
+            // fresh one may well work, on this backend or another. A second is the
+            // backend's doing.
+            Failure::BeforeFirstByte | Failure::BrokenBody => (failed_before > 0, false),
+        };
+        Verdict { outcome, retryable: true, exclude, eject }
+    }
+
+    /// Whether attempt number `made + 1` happens, and after what pause. Takes a
+    /// retry from the budget when it does.
+    pub fn next(&self, verdict: &Verdict, made: u32) -> Next {
+        if !verdict.retryable {
+            Next::GiveUp(GiveUp::NotRetryable)
+        } else if made >= self.max_attempts {
+            Next::GiveUp(GiveUp::Attempts)
+        } else if !self.budget.withdraw() {
+            Next::GiveUp(GiveUp::Budget)
+        } else {
+            Next::RetryAfter(self.backoff)
+        }
+    }
+}
+
+/// Whether a 503 (or 429) body says "full or loading, try elsewhere", in any of the
+/// forms slotgate engines and llama.cpp's server use.
+pub fn is_refusal(status: u16, body: &[u8]) -> bool {
+    if status != 503 && status != 429 {
+        return false;
+    }
+    if let Ok(envelope) = serde_json::from_slice::<ErrorEnvelope>(body) {
+        let err: ApiError = envelope.error;
+        if err.is_retryable() || err.code.as_deref() == Some(slotgate_protocol::SLOT_UNAVAILABLE) {
+            return true;
+        }
+        if err.kind != ErrorType::Unknown {
+            return false;
+        }
+    }
+    let text = String::from_utf8_lossy(body).to_lowercase();
+    ["slot unavailable", "slot_unavailable", "loading model", "no slot available"]
+        .iter()
+        .any(|s| text.contains(s))
+}
+
+/// A token bucket: retries may add at most `ratio` of the request rate, plus a
+/// floor per second, so that a sick fleet is not buried in retries. The same
+/// shape as Finagle's and tower's retry budgets, with a floor in tokens per second
+/// rather than a sliding window, which needs no clock per request.
 #[derive(Debug)]
 pub struct RetryBudget {
     ratio: f64,
@@ -59,5 +223,53 @@ mod tests {
         }
         assert!(budget.withdraw() && budget.withdraw());
         assert!(!budget.withdraw(), "ten requests at 0.2 allow two retries");
+    }
+
+    #[test]
+    fn refusals_in_every_known_form_are_retryable() {
+        let ours = br#"{"error":{"message":"full","type":"unavailable_error","param":null,"code":"slot_unavailable"}}"#;
+        assert!(is_refusal(503, ours));
+        let loading =
+            br#"{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}"#;
+        assert!(is_refusal(503, loading));
+        assert!(is_refusal(503, b"slot unavailable"));
+        assert!(!is_refusal(400, ours));
+        assert!(!is_refusal(
+            503,
+            br#"{"error":{"message":"x","type":"server_error","param":null,"code":null}}"#
+        ));
+    }
+
+    #[test]
+    fn a_refused_or_dead_backend_is_left_out_and_a_stale_connection_is_not() {
+        let policy = RetryPolicy::new(&Routing::default());
+        let full = policy.judge(Outcome::Failed(Failure::SlotUnavailable), 0);
+        assert!(full.retryable && full.exclude && !full.eject);
+        let dead = policy.judge(Outcome::Failed(Failure::Connect), 0);
+        assert!(dead.exclude && dead.eject);
+        assert!(
+            !policy.judge(Outcome::Failed(Failure::BeforeFirstByte), 0).exclude,
+            "first: a stale connection"
+        );
+        assert!(
+            policy.judge(Outcome::Failed(Failure::BeforeFirstByte), 1).exclude,
+            "second: the backend"
+        );
+        let answered = policy.judge(Outcome::Answered(400), 2);
+        assert!(!answered.retryable && !answered.exclude);
+        assert_eq!(policy.next(&answered, 1), Next::GiveUp(GiveUp::NotRetryable));
+    }
+
+    #[test]
+    fn attempts_and_the_budget_end_the_retries() {
+        let routing = Routing { max_attempts: 3, retry_budget_min: 0, ..Routing::default() };
+        let policy = RetryPolicy::new(&routing);
+        let verdict = policy.judge(Outcome::Failed(Failure::SlotUnavailable), 0);
+        assert_eq!(policy.next(&verdict, 1), Next::GiveUp(GiveUp::Budget), "nothing deposited");
+        for _ in 0..10 {
+            policy.arrived();
+        }
+        assert!(matches!(policy.next(&verdict, 1), Next::RetryAfter(_)));
+        assert_eq!(policy.next(&verdict, 3), Next::GiveUp(GiveUp::Attempts));
     }
 }

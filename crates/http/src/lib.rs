@@ -23,6 +23,25 @@ pub fn api_response(err: ApiError) -> Response {
     response
 }
 
+/// An axum rejection (a body over the size limit, a wrong method...) in the OpenAI
+/// envelope, with the rejection's own status: 413 stays 413, not a 400.
+pub fn rejection_response(status: StatusCode, message: String) -> Response {
+    let code = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => Some("request_too_large"),
+        StatusCode::METHOD_NOT_ALLOWED => Some("method_not_allowed"),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => Some("unsupported_media_type"),
+        _ => None,
+    };
+    let kind = if status.is_server_error() {
+        ErrorType::ServerError
+    } else {
+        ErrorType::InvalidRequestError
+    };
+    let mut err = ApiError::new(kind, message);
+    err.code = code.map(str::to_owned);
+    (status, axum::Json(err.into_envelope())).into_response()
+}
+
 /// Logs to stderr, filtered by `RUST_LOG` (default `info`). Stdout is kept for the
 /// one `listening on http://ADDR` line that scripts read.
 pub fn init_tracing() {

@@ -1,33 +1,23 @@
 //! The backends together: picking one for a request, claiming its slot, and the
-//! per-model FIFO queue of requests waiting for a slot. The queue is woken by
+//! per-model queues of requests waiting for a slot. The queues are woken by
 //! releases (and by backends turning healthy), never by polling.
 
-use std::collections::{HashMap, VecDeque};
+mod queue;
+mod spill;
+
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use slotgate_protocol::{ApiError, ErrorType};
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::backend::Backend;
-use crate::balancer::{pick, Affinity, Decision, View};
-use crate::config::{Policy, Routing};
+use crate::balancer::{pick, Affinity, Policy, View};
+use crate::config::Routing;
 use crate::metrics as m;
-
-/// How long the pool remembers where it spilled a conversation: longer than a
-/// pause between turns, shorter than an engine keeps an idle conversation warm.
-const SPILL_MEMORY: std::time::Duration = std::time::Duration::from_secs(600);
-
-/// Most conversations remembered; past it, the expired ones go, and if that is not
-/// enough, all (they then follow their rendezvous ranking again).
-const SPILL_ENTRIES: usize = 65_536;
-
-struct Waiter {
-    id: u64,
-    wake: oneshot::Sender<()>,
-}
+use queue::Queues;
+use spill::Spills;
 
 /// All backends, the policy, and the queues.
 pub struct Pool {
@@ -37,17 +27,13 @@ pub struct Pool {
     queue_size: usize,
     queue_timeout: Duration,
     turn: AtomicU64,
-    next_waiter: AtomicU64,
-    /// Waiting requests per model. A std mutex, only held to push or pop.
-    queues: Mutex<HashMap<String, VecDeque<Waiter>>>,
-    /// `cache_aware`: where each spilled conversation went (affinity key to
-    /// backend id), and when.
-    spills: Mutex<HashMap<u64, (u64, std::time::Instant)>>,
+    queues: Queues,
+    spills: Spills,
 }
 
 /// A claimed slot on a backend; released when dropped, which wakes the next
-/// request waiting for one of the backend's models. It rides on the response
-/// body, so a finished stream and a client that went away both release it.
+/// request waiting that can use the backend. It rides on the response body, so a
+/// finished stream and a client that went away both release it.
 pub struct Claim {
     pool: Arc<Pool>,
     /// The backend claimed.
@@ -71,9 +57,8 @@ impl Pool {
             queue_size: routing.queue_size as usize,
             queue_timeout: Duration::from_millis(routing.queue_timeout_ms),
             turn: AtomicU64::new(0),
-            next_waiter: AtomicU64::new(0),
-            queues: Mutex::new(HashMap::new()),
-            spills: Mutex::new(HashMap::new()),
+            queues: Queues::default(),
+            spills: Spills::default(),
         })
     }
 
@@ -96,17 +81,12 @@ impl Pool {
 
     /// Requests waiting for `model`.
     pub fn queue_depth(&self, model: &str) -> usize {
-        self.lock().get(model).map_or(0, VecDeque::len)
+        self.queues.depth(model)
     }
 
     /// Every model with a queue, and its depth.
     pub fn queue_depths(&self) -> Vec<(String, usize)> {
-        self.lock().iter().map(|(k, v)| (k.clone(), v.len())).collect()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, VecDeque<Waiter>>> {
-        // A panic while holding this lock cannot leave the map inconsistent.
-        self.queues.lock().unwrap_or_else(|e| e.into_inner())
+        self.queues.depths()
     }
 
     /// Claims a slot for `model` now, if the policy finds one, avoiding `exclude`;
@@ -117,6 +97,7 @@ impl Pool {
         exclude: &[usize],
         affinity: Option<u64>,
     ) -> Option<Claim> {
+        let cache_aware = self.policy == Policy::CacheAware;
         loop {
             let views: Vec<View> = self
                 .backends
@@ -132,9 +113,7 @@ impl Pool {
                 })
                 .collect();
             let turn = self.turn.fetch_add(1, Ordering::Relaxed);
-            let sticky = affinity
-                .filter(|_| self.policy == Policy::CacheAware)
-                .and_then(|key| self.spilled_to(key));
+            let sticky = affinity.filter(|_| cache_aware).and_then(|key| self.spills.get(key));
             let rule = affinity.map(|key| Affinity { key, sticky, load_factor: self.load_factor });
             let (i, decision) =
                 pick(&views, self.policy, rule, turn, &mut |n| rand::random_range(0..n.max(1)))?;
@@ -148,42 +127,10 @@ impl Pool {
                 backend.claim_unchecked();
             }
             metrics::counter!(m::ROUTING, "reason" => decision.label()).increment(1);
-            if let (Some(key), Policy::CacheAware) = (affinity, self.policy) {
-                self.remember(key, decision, sticky, backend.id);
+            if let (Some(key), true) = (affinity, cache_aware) {
+                self.spills.remember(key, decision, sticky, backend.id);
             }
             return Some(Claim { pool: self.clone(), backend: backend.clone() });
-        }
-    }
-
-    fn spilled_to(&self, key: u64) -> Option<u64> {
-        let spills = self.spills.lock().unwrap_or_else(|e| e.into_inner());
-        spills.get(&key).filter(|(_, at)| at.elapsed() < SPILL_MEMORY).map(|(id, _)| *id)
-    }
-
-    /// Keeps a spilled conversation where it went; forgets it once it is back at
-    /// its first choice.
-    fn remember(&self, key: u64, decision: Decision, sticky: Option<u64>, chosen: u64) {
-        if decision != Decision::Spilled && sticky.is_none() {
-            // At its first choice and not remembered: nothing to write, no lock taken.
-            return;
-        }
-        let mut spills = self.spills.lock().unwrap_or_else(|e| e.into_inner());
-        match decision {
-            Decision::Spilled => {
-                if spills.len() >= SPILL_ENTRIES {
-                    spills.retain(|_, (_, at)| at.elapsed() < SPILL_MEMORY);
-                    if spills.len() >= SPILL_ENTRIES {
-                        spills.clear();
-                    }
-                }
-                spills.insert(key, (chosen, std::time::Instant::now()));
-            }
-            Decision::Affinity if sticky == Some(chosen) => {
-                spills.insert(key, (chosen, std::time::Instant::now()));
-            }
-            _ => {
-                spills.remove(&key);
-            }
         }
     }
 
@@ -202,31 +149,20 @@ impl Pool {
         let deadline = started + self.queue_timeout;
         let mut front = false;
         loop {
-            let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
-            let (wake, woken) = oneshot::channel();
-            {
-                let mut queues = self.lock();
-                let queue = queues.entry(model.to_owned()).or_default();
-                if !front && queue.len() >= self.queue_size {
-                    return Err(self.unavailable(model, "its queue is full"));
-                }
-                let waiter = Waiter { id, wake };
-                if front {
-                    queue.push_front(waiter);
-                } else {
-                    queue.push_back(waiter);
-                }
-            }
-            metrics::gauge!(m::QUEUE_DEPTH, "model" => model.to_owned())
-                .set(self.queue_depth(model) as f64);
+            let Some(ticket) = self.queues.join(model, exclude, front, self.queue_size) else {
+                return Err(self.unavailable(model, "its queue is full"));
+            };
+            self.set_depth(model);
             // A release between the first look and joining the queue would be missed:
             // look once more now that this request is in the queue.
             if let Some(claim) = self.try_acquire(model, exclude, affinity) {
-                self.leave(model, id);
+                if !self.queues.leave(model, ticket.id) {
+                    self.queues.wake(model, None);
+                }
                 self.record_wait(model, started);
                 return Ok(claim);
             }
-            match tokio::time::timeout_at(deadline, woken).await {
+            match tokio::time::timeout_at(deadline, ticket.woken).await {
                 Ok(_) => {
                     if let Some(claim) = self.try_acquire(model, exclude, affinity) {
                         self.record_wait(model, started);
@@ -236,7 +172,10 @@ impl Pool {
                     front = true;
                 }
                 Err(_) => {
-                    self.leave(model, id);
+                    if !self.queues.leave(model, ticket.id) {
+                        // Woken as the time ran out: the wake-up is another's now.
+                        self.queues.wake(model, None);
+                    }
                     self.record_wait(model, started);
                     return Err(self.unavailable(
                         model,
@@ -247,24 +186,15 @@ impl Pool {
         }
     }
 
-    fn record_wait(&self, model: &str, started: Instant) {
-        metrics::histogram!(m::QUEUE_WAIT, "model" => model.to_owned())
-            .record(started.elapsed().as_secs_f64());
+    fn set_depth(&self, model: &str) {
         metrics::gauge!(m::QUEUE_DEPTH, "model" => model.to_owned())
             .set(self.queue_depth(model) as f64);
     }
 
-    /// Leaves the queue; if this waiter had already been woken, passes the wake on.
-    fn leave(&self, model: &str, id: u64) {
-        let mut queues = self.lock();
-        if let Some(queue) = queues.get_mut(model) {
-            let before = queue.len();
-            queue.retain(|w| w.id != id);
-            if queue.len() == before {
-                drop(queues);
-                self.wake(model);
-            }
-        }
+    fn record_wait(&self, model: &str, started: Instant) {
+        metrics::histogram!(m::QUEUE_WAIT, "model" => model.to_owned())
+            .record(started.elapsed().as_secs_f64());
+        self.set_depth(model);
     }
 
     fn unavailable(&self, model: &str, why: &str) -> ApiError {
@@ -280,28 +210,19 @@ impl Pool {
         ))
     }
 
-    /// Wakes the first live waiter for `model`.
-    pub fn wake(&self, model: &str) {
-        let mut queues = self.lock();
-        if let Some(queue) = queues.get_mut(model) {
-            while let Some(waiter) = queue.pop_front() {
-                if waiter.wake.send(()).is_ok() {
-                    break;
-                }
-            }
-        }
-    }
-
-    /// Wakes one waiter for each model `backend` serves.
+    /// A slot may be free on `backend`: wakes, for each model it serves, the first
+    /// waiter that may use it.
     pub fn wake_backend(&self, backend: &Backend) {
         for model in backend.models().iter() {
-            self.wake(model);
+            self.queues.wake(model, Some(backend.index));
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
+
     use super::*;
     use crate::config::BackendConfig;
 
@@ -392,6 +313,53 @@ mod tests {
         assert_eq!(pool.acquire("m", &[], key).await.unwrap().backend.index, home_index);
         pool.backends()[1 - home_index].check_passed(1);
         assert_eq!(pool.acquire("m", &[], key).await.unwrap().backend.index, home_index);
+    }
+
+    /// A request that excludes backend A (it failed there) is queued before one
+    /// that does not; A frees a slot: the second is served at once, at the release,
+    /// and the first keeps waiting for a backend it can use.
+    #[tokio::test(start_paused = true)]
+    async fn a_freed_slot_goes_to_the_first_waiter_that_can_use_it() {
+        let backends: Vec<Arc<Backend>> = (0..2)
+            .map(|i| {
+                let config = BackendConfig {
+                    url: format!("http://127.0.0.1:{}", 9000 + i),
+                    models: Some(vec!["m".into()]),
+                    slots: Some(1),
+                    weight: 1,
+                };
+                let backend = Arc::new(Backend::new(i, &config));
+                backend.check_passed(1);
+                backend
+            })
+            .collect();
+        let routing = Routing { policy: Policy::Slots, ..Routing::default() };
+        let pool = Pool::new(backends, &routing);
+        let a = pool.acquire("m", &[], None).await.unwrap();
+        let b = pool.acquire("m", &[], None).await.unwrap();
+        let (index_a, index_b) = (a.backend.index, b.backend.index);
+        let excluding_a = {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                pool.acquire("m", &[index_a], None).await.map(|c| c.backend.index)
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let any = {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                pool.acquire("m", &[], None).await.map(|c| (c.backend.index, Instant::now()))
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(pool.queue_depth("m"), 2);
+        let released = Instant::now();
+        drop(a);
+        let (got, at) = any.await.unwrap().unwrap();
+        assert_eq!((got, at), (index_a, released), "served at the release, not later");
+        assert!(!excluding_a.is_finished(), "A is no use to it: it still waits");
+        drop(b);
+        assert_eq!(excluding_a.await.unwrap().unwrap(), index_b);
     }
 
     #[tokio::test(start_paused = true)]

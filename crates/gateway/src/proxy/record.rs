@@ -1,0 +1,52 @@
+//! The one place a request's metrics are recorded: once, when it ends, whichever
+//! way it ends (an answer, an error, a stream that finished or a client that left).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::metrics as m;
+
+/// What the metrics say of one request; recorded when dropped.
+pub struct Record {
+    model: String,
+    /// The backend that answered, if one did.
+    backend: Option<Arc<String>>,
+    status: u16,
+    started: Instant,
+    /// When the answer's first byte went out.
+    first_byte: Option<Instant>,
+}
+
+impl Record {
+    /// A request for `model` that arrived at `started`.
+    pub fn new(model: &str, started: Instant) -> Self {
+        Self { model: model.to_owned(), backend: None, status: 0, started, first_byte: None }
+    }
+
+    /// The gateway answered itself, with an error of this status.
+    pub fn refused(&mut self, status: u16) {
+        self.backend = None;
+        self.status = status;
+    }
+
+    /// `backend` answered with `status`; its first byte is going out now.
+    pub fn answered(&mut self, backend: Arc<String>, status: u16) {
+        self.backend = Some(backend);
+        self.status = status;
+        self.first_byte = Some(Instant::now());
+    }
+}
+
+impl Drop for Record {
+    fn drop(&mut self) {
+        let backend = self.backend.as_ref().map_or("none", |b| b.as_str()).to_owned();
+        metrics::counter!(m::REQUESTS, "model" => self.model.clone(), "backend" => backend, "status" => self.status.to_string())
+            .increment(1);
+        if let Some(first) = self.first_byte {
+            metrics::histogram!(m::TTFT, "model" => self.model.clone())
+                .record(first.duration_since(self.started).as_secs_f64());
+            metrics::histogram!(m::DURATION, "model" => std::mem::take(&mut self.model))
+                .record(self.started.elapsed().as_secs_f64());
+        }
+    }
+}
