@@ -556,40 +556,82 @@ async fn embeddings_are_refused_when_not_enabled() {
     assert!(r["error"]["message"].as_str().unwrap().contains("embedding"), "{r}");
 }
 
-/// With `cont_batching = false` a new request is admitted only when no slot is
-/// still reading its prompt; every request still completes.
+/// When the first `data:` event of a streamed completion arrives.
+async fn first_data_at(client: reqwest::Client, url: String, body: Value) -> Instant {
+    let response = client.post(&url).json(&body).send().await.expect("request");
+    assert_eq!(response.status().as_u16(), 200);
+    let mut bytes = response.bytes_stream();
+    let mut seen = String::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while let Some(chunk) = bytes.next().await {
+        assert!(Instant::now() < deadline, "no data within 60 s");
+        seen.push_str(&String::from_utf8_lossy(&chunk.expect("chunk")));
+        if seen.contains("data: ") {
+            let at = Instant::now();
+            while bytes.next().await.is_some() {}
+            return at;
+        }
+    }
+    panic!("the stream ended without data: {seen}");
+}
+
+/// A short request sent while a long prompt is being read, in chunks of 32
+/// tokens: with `cont_batching` it takes the second slot at once, before the long
+/// prompt's first token; without it, it waits until the long prompt is read.
+/// Either way both complete.
 #[tokio::test]
-async fn without_continuous_batching_requests_still_all_complete() {
-    let engine = engine(&[
-        "--n-parallel",
-        "2",
-        "--ctx-len",
-        "512",
-        "--cont-batching",
-        "false",
-        "--batch-size",
-        "32",
-    ]);
-    let client = client();
-    let url = format!("{}/v1/completions", engine.url);
-    let long_prompt = "The quick brown fox jumps over the lazy dog. ".repeat(20);
-    let calls: Vec<_> = (0..4)
-        .map(|i| {
-            let (client, url) = (client.clone(), url.clone());
-            let prompt = if i % 2 == 0 { long_prompt.clone() } else { format!("Short prompt {i}") };
-            tokio::spawn(async move {
-                post(
-                    &client,
-                    &url,
-                    &json!({"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0}),
-                )
-                .await
-            })
-        })
-        .collect();
-    for c in calls {
-        let (status, r) = c.await.unwrap();
-        assert_eq!(status, 200, "{r}");
-        assert_eq!(r["usage"]["completion_tokens"], 8);
+async fn cont_batching_decides_whether_a_request_joins_while_a_prompt_is_read() {
+    let long_prompt = "The quick brown fox jumps over the lazy dog. ".repeat(80);
+    for cont_batching in ["true", "false"] {
+        let engine = engine(&[
+            "--n-parallel",
+            "2",
+            "--ctx-len",
+            "1024",
+            "--cont-batching",
+            cont_batching,
+            "--batch-size",
+            "32",
+        ]);
+        let client = client();
+        let url = format!("{}/v1/completions", engine.url);
+        let body = |prompt: &str, max_tokens: u32| {
+            json!({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens,
+                   "temperature": 0, "stream": true, "cache_prompt": false})
+        };
+        let long = tokio::spawn(first_data_at(client.clone(), url.clone(), body(&long_prompt, 24)));
+        wait_slot_busy(&client, &engine.url).await;
+        // Watches for the moment both slots are busy.
+        let both_busy = tokio::spawn({
+            let (client, slots) = (client.clone(), format!("{}/slots", engine.url));
+            async move {
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while Instant::now() < deadline {
+                    let (_, s) = get(&client, &slots).await;
+                    let busy = s
+                        .as_array()
+                        .map_or(0, |s| s.iter().filter(|x| x["is_processing"] == true).count());
+                    if busy == 2 {
+                        return Some(Instant::now());
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                None
+            }
+        });
+        let short = tokio::spawn(first_data_at(client.clone(), url.clone(), body("Hello", 4)));
+        let long_first = long.await.unwrap();
+        short.await.unwrap();
+        let both = both_busy.await.unwrap().expect("both slots were busy at some point");
+        eprintln!(
+            "{cont_batching}: both {:?} long_first {:?}",
+            both.elapsed(),
+            long_first.elapsed()
+        );
+        if cont_batching == "true" {
+            assert!(both < long_first, "the short request joined while the prompt was read");
+        } else {
+            assert!(both > long_first, "the short request waited until the prompt was read");
+        }
     }
 }

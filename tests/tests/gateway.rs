@@ -56,27 +56,47 @@ async fn two_engines_share_the_load_and_slots_are_never_overcommitted() {
             })
         })
         .collect();
-    // While they run, no engine ever has more busy slots than it has.
+    // While they run, the gateway never claims more slots of a backend than it
+    // has, and no engine ever has more busy slots than it has. The watcher runs
+    // until the calls end and is awaited, so that its assertions count.
+    let calls_done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let watch = {
-        let client = client.clone();
+        let (client, done) = (client.clone(), calls_done.clone());
+        let admin = format!("{}/admin/backends", gw.url);
         let urls = [a.url.clone(), b.url.clone()];
         tokio::spawn(async move {
-            for _ in 0..100 {
+            let (mut most_claimed, mut most_busy) = (0, 0);
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            while !done.load(std::sync::atomic::Ordering::Relaxed)
+                && std::time::Instant::now() < deadline
+            {
+                let (_, backends) = get(&client, &admin).await;
+                for b in backends["backends"].as_array().into_iter().flatten() {
+                    let claimed = b["in_flight"].as_u64().unwrap_or(0);
+                    assert!(claimed <= 2, "gateway over-claimed: {backends}");
+                    most_claimed = most_claimed.max(claimed);
+                }
                 for u in &urls {
                     let (_, slots) = get(&client, &format!("{u}/slots")).await;
                     let busy = slots
                         .as_array()
                         .map_or(0, |s| s.iter().filter(|x| x["is_processing"] == true).count());
                     assert!(busy <= 2, "{u}: {slots}");
+                    most_busy = most_busy.max(busy);
                 }
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
+            (most_claimed, most_busy)
         })
     };
     for c in calls {
         c.await.unwrap();
     }
-    watch.abort();
+    calls_done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (most_claimed, most_busy) = watch.await.expect("the watcher's checks held");
+    // Ten requests on four slots: the watcher saw backends full, not idle.
+    assert_eq!(most_claimed, 2, "the watcher saw a full backend");
+    assert!(most_busy >= 1, "the watcher saw engines working");
     let m = metrics(&client, &gw.url).await;
     assert_eq!(sample(&m, "slotgate_retries_total{reason=\"slot_unavailable\"}"), 0.0, "{m}");
     for e in [&a, &b] {

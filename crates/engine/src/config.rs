@@ -1,11 +1,19 @@
 //! Settings of the engine: defaults, then a TOML file (`--config`), then
 //! `SLOTGATE_ENGINE_*` environment variables, then CLI flags, layered with figment.
+//!
+//! Each setting is declared once, as a field that is also its flag: the flag's
+//! `default_value` is the setting's default, its doc comment the help text and
+//! the documentation. [`Cli`] records which flags were given, so that only those
+//! override the file and the environment.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{ArgAction, Args, CommandFactory, FromArgMatches, Parser};
 use figment::providers::{Env, Format, Serialized, Toml};
-use figment::Figment;
+use figment::value::{Dict, Map, Tag};
+use figment::{Figment, Metadata, Profile, Provider};
 use serde::{Deserialize, Serialize};
 
 use crate::error::EngineError;
@@ -13,71 +21,120 @@ use crate::template::ChatTemplate;
 
 /// Everything one model needs to be served: the file and its slots, queue and
 /// template. `POST /v1/models/load` takes the same fields.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Args)]
+#[serde(default, deny_unknown_fields)]
 pub struct ModelSettings {
-    /// Path of the GGUF file.
+    /// Path of the GGUF model file.
+    #[arg(long, short = 'm')]
     pub model: Option<PathBuf>,
-    /// The name clients send; default: the file name without `.gguf`.
+    /// The name clients send [default: the file name without .gguf].
+    #[arg(long)]
     pub model_id: Option<String>,
     /// Context of each slot, in tokens.
+    #[arg(long, default_value_t = 4096)]
     pub ctx_len: u32,
     /// Number of slots: requests decoded together.
+    #[arg(long, default_value_t = 4)]
     pub n_parallel: u32,
     /// Admit new requests while others are still reading their prompts.
+    #[arg(long, default_value_t = true, action = ArgAction::Set)]
     pub cont_batching: bool,
     /// Layers offloaded to the GPU (needs the `cuda` feature).
+    #[arg(long, default_value_t = 0)]
     pub ngl: u32,
-    /// CPU threads for decoding; default: every core.
+    /// CPU threads for decoding [default: every core].
+    #[arg(long)]
     pub threads: Option<u32>,
     /// Most tokens decoded in one step (prompt chunks included).
+    #[arg(long, default_value_t = 512)]
     pub batch_size: u32,
     /// Requests that may wait for a slot; 0 means none wait.
+    #[arg(long, default_value_t = 64)]
     pub queue_size: u32,
-    /// How long a request may wait for a slot.
+    /// How long a request may wait for a slot, in milliseconds.
+    #[arg(long, default_value_t = 30_000)]
     pub queue_timeout_ms: u64,
     /// `auto`, a built-in name (`gemma`, `chatml`, `llama3`), or `model` for the
     /// template stored in the GGUF. Ignored when the three prompts below are set.
+    #[arg(long, default_value = "auto")]
     pub chat_template: String,
     /// Nitro's template form: text before the system message.
+    #[arg(long)]
     pub pre_prompt: Option<String>,
     /// Nitro's template form: text before each user message.
+    #[arg(long)]
     pub user_prompt: Option<String>,
     /// Nitro's template form: text before each assistant message.
+    #[arg(long)]
     pub ai_prompt: Option<String>,
     /// Serve `/v1/embeddings` for this model.
+    #[arg(long, default_value_t = false, action = ArgAction::Set)]
     pub embedding: bool,
     /// Share of a prompt that an idle slot's cache must hold for the slot to be
     /// reused for it (llama-server's `--slot-prompt-similarity`); 0 takes any
     /// shared prefix.
+    #[arg(long, default_value_t = 0.1)]
     pub slot_prompt_similarity: f32,
     /// Host memory, in MiB, for the KV states of conversations that had to leave
     /// their slot (llama-server's `--cache-ram`); 0 disables it.
+    #[arg(long, default_value_t = 8192)]
     pub cache_ram_mib: u64,
 }
 
 impl Default for ModelSettings {
     fn default() -> Self {
-        Self {
-            model: None,
-            model_id: None,
-            ctx_len: 4096,
-            n_parallel: 4,
-            cont_batching: true,
-            ngl: 0,
-            threads: None,
-            batch_size: 512,
-            queue_size: 64,
-            queue_timeout_ms: 30_000,
-            chat_template: "auto".into(),
-            pre_prompt: None,
-            user_prompt: None,
-            ai_prompt: None,
-            embedding: false,
-            slot_prompt_similarity: 0.1,
-            cache_ram_mib: 8192,
-        }
+        defaults()
     }
+}
+
+/// Where the engine listens and how it answers, apart from any model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Args)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerSettings {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on; 0 picks a free one.
+    #[arg(long, default_value_t = 8081)]
+    pub port: u16,
+    /// Largest request body accepted, in bytes.
+    #[arg(long, default_value_t = 4 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+    /// On SIGTERM, how long running requests may take to finish, in milliseconds;
+    /// what still runs then is cut off.
+    #[arg(long, default_value_t = 30_000)]
+    pub drain_timeout_ms: u64,
+    /// While a streamed request waits for a slot or reads its prompt, an SSE
+    /// comment is sent this often (milliseconds), so that proxies with idle
+    /// timeouts keep the stream open; 0 sends none. Until the first one is sent
+    /// the answer can still be a plain 503 that a gateway retries elsewhere.
+    #[arg(long, default_value_t = 10_000)]
+    pub sse_keepalive_ms: u64,
+}
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        defaults()
+    }
+}
+
+/// The defaults of a group of settings: their flags parsed from an empty command line.
+fn defaults<T: Args + FromArgMatches>() -> T {
+    let command = T::augment_args(clap::Command::new("defaults"));
+    let matches = command.try_get_matches_from(["defaults"]);
+    // Cannot fail: every flag is optional, and every default parses (the unit
+    // tests build every default).
+    T::from_arg_matches(&matches.expect("settings without defaults"))
+        .expect("settings without defaults")
+}
+
+/// The keys of a group of settings: the ids of its flags, which clap takes from
+/// the field names, as serde does.
+fn keys<T: Args>() -> BTreeSet<String> {
+    T::augment_args(clap::Command::new("keys"))
+        .get_arguments()
+        .map(|arg| arg.get_id().as_str().to_owned())
+        .collect()
 }
 
 /// A chat template as configured, before the model's metadata is known.
@@ -185,131 +242,65 @@ impl ModelSettings {
     }
 }
 
-/// The whole engine's settings: where it listens, and the model it starts with.
+/// The whole engine's settings: how it serves, and the model it starts with.
 ///
-/// The model's settings sit at the top level of the file and the environment, next
-/// to the server's. serde's `flatten` would hide the key of a bad value from
-/// figment's errors, so [`EngineConfig::load`] extracts the two halves one by one.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// Both halves sit at the top level of the file and the environment. serde's
+/// `flatten` would hide the key of a bad value from figment's errors, so
+/// [`EngineConfig::load`] extracts the two halves one by one, each from the keys
+/// that are not the other's.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct EngineConfig {
-    /// Address to listen on.
-    pub host: String,
-    /// Port to listen on; 0 picks a free one.
-    pub port: u16,
-    /// Largest request body accepted, in bytes.
-    pub max_body_bytes: usize,
+    /// Address, limits, drain and keep-alive.
+    #[serde(flatten)]
+    pub server: ServerSettings,
     /// The model loaded at start.
     #[serde(flatten)]
     pub model: ModelSettings,
 }
 
-/// The server's half of [`EngineConfig`].
-#[derive(Debug, Deserialize)]
-struct ServerSettings {
-    host: String,
-    port: u16,
-    max_body_bytes: usize,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        Self {
-            host: "127.0.0.1".into(),
-            port: 8081,
-            max_body_bytes: 4 * 1024 * 1024,
-            model: ModelSettings::default(),
-        }
-    }
-}
-
-/// Command-line flags; each overrides the file and the environment.
-#[derive(Debug, Default, Parser, Serialize)]
+/// Command-line flags; those given override the file and the environment.
+#[derive(Debug, Parser)]
 #[command(name = "slotgate-engine", version, about = "llama.cpp behind OpenAI endpoints")]
 pub struct Cli {
     /// A TOML file of settings.
     #[arg(long)]
-    #[serde(skip)]
     pub config: Option<PathBuf>,
-    /// Address to listen on [default: 127.0.0.1].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub host: Option<String>,
-    /// Port to listen on; 0 picks a free one [default: 8081].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub port: Option<u16>,
-    /// Largest request body accepted, in bytes [default: 4194304].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_body_bytes: Option<usize>,
-    /// Path of the GGUF model file.
-    #[arg(long, short = 'm')]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub model: Option<PathBuf>,
-    /// Name clients send [default: the file name without .gguf].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub model_id: Option<String>,
-    /// Context of each slot, in tokens [default: 4096].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ctx_len: Option<u32>,
-    /// Number of slots [default: 4].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub n_parallel: Option<u32>,
-    /// Admit requests while others read their prompts [default: true].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cont_batching: Option<bool>,
-    /// Layers on the GPU [default: 0].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ngl: Option<u32>,
-    /// Decoding threads [default: every core].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub threads: Option<u32>,
-    /// Most tokens decoded in one step [default: 512].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub batch_size: Option<u32>,
-    /// Requests that may wait for a slot; 0: none wait [default: 64].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub queue_size: Option<u32>,
-    /// How long a request may wait for a slot [default: 30000].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub queue_timeout_ms: Option<u64>,
-    /// auto, gemma, chatml, llama3, or model (the GGUF's own) [default: auto].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub chat_template: Option<String>,
-    /// Nitro's template form: text before the system message.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub pre_prompt: Option<String>,
-    /// Nitro's template form: text before each user message.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub user_prompt: Option<String>,
-    /// Nitro's template form: text before each assistant message.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ai_prompt: Option<String>,
-    /// Serve /v1/embeddings [default: false].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub embedding: Option<bool>,
-    /// Share of a prompt an idle slot must hold to be reused for it [default: 0.1].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub slot_prompt_similarity: Option<f32>,
-    /// MiB of host memory for conversations that left their slot; 0: off [default: 8192].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cache_ram_mib: Option<u64>,
+    #[command(flatten)]
+    server: ServerSettings,
+    #[command(flatten)]
+    model: ModelSettings,
+    /// The settings given on the command line, by key.
+    #[arg(skip)]
+    given: BTreeSet<String>,
+}
+
+impl Cli {
+    /// Parses a command line (the program's name first).
+    pub fn try_parse_args<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let matches = Self::command().try_get_matches_from(args)?;
+        let mut cli = Self::from_arg_matches(&matches)?;
+        cli.given = matches
+            .ids()
+            .filter(|id| matches.value_source(id.as_str()) == Some(ValueSource::CommandLine))
+            .map(|id| id.as_str().to_owned())
+            .collect();
+        Ok(cli)
+    }
+
+    /// The settings given on the command line, as figment data.
+    fn given(&self) -> Result<Dict, EngineError> {
+        let all = serde_json::to_value(EngineConfig {
+            server: self.server.clone(),
+            model: self.model.clone(),
+        })
+        .and_then(serde_json::from_value::<Dict>)
+        .map_err(|e| EngineError::Config(e.to_string()))?;
+        Ok(all.into_iter().filter(|(key, _)| self.given.contains(key)).collect())
+    }
 }
 
 impl EngineConfig {
@@ -326,55 +317,66 @@ impl EngineConfig {
             }
             figment = figment.merge(Toml::file(path));
         }
-        let figment =
-            figment.merge(Env::prefixed("SLOTGATE_ENGINE_")).merge(Serialized::defaults(cli));
-        let keys: figment::value::Dict =
-            figment.extract().map_err(|e| EngineError::Config(e.to_string()))?;
-        reject_unknown_keys(keys.keys().map(String::as_str), &Self::default())?;
+        let figment = figment
+            .merge(Env::prefixed("SLOTGATE_ENGINE_"))
+            .merge(Serialized::defaults(cli.given()?));
         let err = |e: figment::Error| EngineError::Config(e.to_string());
-        let server: ServerSettings = figment.extract().map_err(err)?;
-        let model: ModelSettings = figment.extract().map_err(err)?;
-        let config = Self {
-            host: server.host,
-            port: server.port,
-            max_body_bytes: server.max_body_bytes,
-            model,
-        };
+        let server_keys = keys::<ServerSettings>();
+        // Keys of neither half go with the model's, whose serde denies them.
+        let server = Figment::from(Only { figment: &figment, keys: &server_keys, keep: true })
+            .extract()
+            .map_err(err)?;
+        let model = Figment::from(Only { figment: &figment, keys: &server_keys, keep: false })
+            .extract()
+            .map_err(err)?;
+        let config = Self { server, model };
         config.validate()?;
         Ok(config)
     }
 
     /// Checks every field; the error names the field and the reason.
     pub fn validate(&self) -> Result<(), EngineError> {
-        if self.host.is_empty() {
+        if self.server.host.is_empty() {
             return Err(EngineError::Setting {
                 field: "host".into(),
                 reason: "must not be empty".into(),
             });
         }
-        if self.max_body_bytes < 1024 {
+        if self.server.max_body_bytes < 1024 {
             return Err(EngineError::Setting {
                 field: "max_body_bytes".into(),
-                reason: format!("must be at least 1024, got {}", self.max_body_bytes),
+                reason: format!("must be at least 1024, got {}", self.server.max_body_bytes),
             });
         }
         self.model.validate()
     }
 }
 
-/// Fails on the first key that `known` does not have when serialized: every field
-/// of these structs serializes, so its keys are exactly the accepted ones.
-pub fn reject_unknown_keys<'a, T: Serialize>(
-    keys: impl IntoIterator<Item = &'a str>,
-    known: &T,
-) -> Result<(), EngineError> {
-    let known = serde_json::to_value(known).map_err(|e| EngineError::Config(e.to_string()))?;
-    for key in keys {
-        if known.get(key).is_none() {
-            return Err(EngineError::Config(format!("unknown setting `{key}`")));
-        }
+/// The keys of a figment that are in `keys` (`keep`) or not in them (`!keep`).
+struct Only<'a> {
+    figment: &'a Figment,
+    keys: &'a BTreeSet<String>,
+    keep: bool,
+}
+
+impl Provider for Only<'_> {
+    fn metadata(&self) -> Metadata {
+        Metadata::named("engine settings")
     }
-    Ok(())
+
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        let mut data = self.figment.data()?;
+        for dict in data.values_mut() {
+            dict.retain(|key, _| self.keys.contains(key) == self.keep);
+        }
+        Ok(data)
+    }
+
+    // Hands on where each value came from (file, variable, flag), so that errors
+    // still name it; figment's own `Figment` provider does the same.
+    fn __metadata_map(&self) -> Option<Map<Tag, Metadata>> {
+        self.figment.__metadata_map()
+    }
 }
 
 #[cfg(test)]
@@ -382,6 +384,27 @@ pub fn reject_unknown_keys<'a, T: Serialize>(
 #[allow(clippy::result_large_err)]
 mod tests {
     use super::*;
+
+    fn cli(args: &[&str]) -> Cli {
+        let all = std::iter::once("slotgate-engine").chain(args.iter().copied());
+        Cli::try_parse_args(all).unwrap()
+    }
+
+    #[test]
+    fn every_default_parses_and_flags_match_keys() {
+        let config = EngineConfig::default();
+        assert_eq!(config.model.ctx_len, 4096);
+        assert!(config.model.cont_batching);
+        assert_eq!(config.server.port, 8081);
+        let all: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_value(serde_json::to_value(&config).unwrap()).unwrap();
+        let mut flags = keys::<ServerSettings>();
+        flags.extend(keys::<ModelSettings>());
+        // Options that are unset do not serialize; every other key is a flag.
+        for key in all.keys() {
+            assert!(flags.contains(key), "{key} has no flag");
+        }
+    }
 
     fn model_file(dir: &Path) -> PathBuf {
         let path = dir.join("tiny-model.gguf");
@@ -399,10 +422,9 @@ mod tests {
             )?;
             jail.set_env("SLOTGATE_ENGINE_N_PARALLEL", "3");
             jail.set_env("SLOTGATE_ENGINE_CTX_LEN", "1024");
-            let cli =
-                Cli { config: Some("engine.toml".into()), ctx_len: Some(2048), ..Cli::default() };
+            let cli = cli(&["--config", "engine.toml", "--ctx-len", "2048"]);
             let config = EngineConfig::load(&cli).unwrap();
-            assert_eq!(config.port, 9000, "file");
+            assert_eq!(config.server.port, 9000, "file");
             assert_eq!(config.model.queue_size, 7, "file");
             assert_eq!(config.model.n_parallel, 3, "env over file");
             assert_eq!(config.model.ctx_len, 2048, "flag over env");
@@ -416,39 +438,60 @@ mod tests {
     fn errors_name_the_field() {
         figment::Jail::expect_with(|jail| {
             let model = model_file(jail.directory());
-            let base = || Cli { model: Some(model.clone()), ..Cli::default() };
+            let model = model.to_str().unwrap();
+            let with_model = |more: &[&str]| {
+                let mut args = vec!["--model", model];
+                args.extend_from_slice(more);
+                cli(&args)
+            };
             let cases = [
-                (Cli { n_parallel: Some(0), ..base() }, "n_parallel: must be between 1 and 256"),
-                (Cli { ctx_len: Some(4), ..base() }, "ctx_len: must be at least 32"),
+                (with_model(&["--n-parallel", "0"]), "n_parallel: must be between 1 and 256"),
+                (with_model(&["--ctx-len", "4"]), "ctx_len: must be at least 32"),
                 (
-                    Cli { slot_prompt_similarity: Some(1.5), ..base() },
+                    with_model(&["--slot-prompt-similarity", "1.5"]),
                     "slot_prompt_similarity: must be between 0 and 1",
                 ),
                 (
-                    Cli { chat_template: Some("jinja".into()), ..base() },
+                    with_model(&["--chat-template", "jinja"]),
                     "chat_template: unknown template `jinja`",
                 ),
                 (
-                    Cli { pre_prompt: Some("x".into()), ..base() },
+                    with_model(&["--pre-prompt", "x"]),
                     "pre_prompt, user_prompt and ai_prompt go together",
                 ),
                 (
-                    Cli { model: Some("/nonexistent.gguf".into()), ..Cli::default() },
+                    cli(&["--model", "/nonexistent.gguf"]),
                     "model: /nonexistent.gguf is not a readable file",
                 ),
-                (Cli::default(), "model: a model path is required"),
+                (cli(&[]), "model: a model path is required"),
             ];
             for (cli, want) in cases {
                 let err = EngineConfig::load(&cli).unwrap_err().to_string();
                 assert!(err.contains(want), "`{err}` lacks `{want}`");
             }
             jail.create_file("bad.toml", "n_paralel = 3\n")?;
-            let cli = Cli { config: Some("bad.toml".into()), ..base() };
-            let err = EngineConfig::load(&cli).unwrap_err().to_string();
-            assert!(err.contains("unknown setting `n_paralel`"), "{err}");
+            let err =
+                EngineConfig::load(&with_model(&["--config", "bad.toml"])).unwrap_err().to_string();
+            assert!(err.contains("unknown field: found `n_paralel`"), "{err}");
             jail.set_env("SLOTGATE_ENGINE_QUEUE_SIZE", "many");
-            let err = EngineConfig::load(&base()).unwrap_err().to_string();
+            let err = EngineConfig::load(&with_model(&[])).unwrap_err().to_string();
             assert!(err.to_lowercase().contains("for key \"queue_size\""), "{err}");
+            assert!(err.contains("SLOTGATE_ENGINE_"), "names the variables: {err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_flag_given_overrides_and_one_not_given_does_not() {
+        figment::Jail::expect_with(|jail| {
+            let model = model_file(jail.directory());
+            jail.create_file("e.toml", &format!("model = {model:?}\ncont_batching = false\n"))?;
+            let config = EngineConfig::load(&cli(&["--config", "e.toml"])).unwrap();
+            assert!(!config.model.cont_batching, "the file, not the flag's default");
+            let config =
+                EngineConfig::load(&cli(&["--config", "e.toml", "--cont-batching", "true"]))
+                    .unwrap();
+            assert!(config.model.cont_batching, "the flag given");
             Ok(())
         });
     }

@@ -1,13 +1,12 @@
 //! `slotgate-engine`: parse the settings, start the server, print where it listens.
 
 use anyhow::Context;
-use clap::Parser;
 use slotgate_engine::{Cli, EngineConfig};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     slotgate_http::init_tracing();
-    let cli = Cli::parse();
+    let cli = Cli::try_parse_args(std::env::args_os()).unwrap_or_else(|e| e.exit());
     let config = EngineConfig::load(&cli)?;
     let running = slotgate_engine::server::start(config, slotgate_http::shutdown_signal())
         .await

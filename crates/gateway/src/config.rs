@@ -135,6 +135,9 @@ pub struct GatewayConfig {
     pub drain_timeout_ms: u64,
     /// Largest request body accepted, in bytes.
     pub max_body_bytes: usize,
+    /// Threads that serve clients, each accepting and proxying its own
+    /// connections; 0 means one per core.
+    pub workers: usize,
 }
 
 impl Default for GatewayConfig {
@@ -146,13 +149,14 @@ impl Default for GatewayConfig {
             routing: Routing::default(),
             drain_timeout_ms: 30_000,
             max_body_bytes: 16 * 1024 * 1024,
+            workers: 0,
         }
     }
 }
 
 /// The top-level keys of [`GatewayConfig`], the only ones read from the environment.
 const TOP_LEVEL_KEYS: &[&str] =
-    &["listen", "backends", "engines", "routing", "drain_timeout_ms", "max_body_bytes"];
+    &["listen", "backends", "engines", "routing", "drain_timeout_ms", "max_body_bytes", "workers"];
 
 /// Command-line flags.
 #[derive(Debug, Default, Parser)]

@@ -27,8 +27,11 @@ pub struct Gateway {
     stop: CancellationToken,
     /// Cancelled by the shutdown signal: stop accepting, drain.
     draining: CancellationToken,
+    /// Cancelled when the drain timeout passes: the workers drop what still runs.
+    cut_off: CancellationToken,
     tasks: TaskTracker,
-    server: tokio::task::JoinHandle<std::io::Result<()>>,
+    /// Resolves when every worker thread has stopped serving.
+    workers: tokio::sync::oneshot::Receiver<std::io::Result<()>>,
     drain: Duration,
 }
 
@@ -88,47 +91,131 @@ impl Gateway {
             stop.clone(),
         ));
         let drain = Duration::from_millis(config.drain_timeout_ms);
-        let forwarder = Forwarder::new(pool, Upstream::new(&routing), RetryPolicy::new(&routing));
-        let app = Arc::new(App { forwarder, metrics: crate::metrics::handle() });
-        let app = router(app, config.max_body_bytes);
         let draining = CancellationToken::new();
         let signal = draining.clone();
         tokio::spawn(async move {
             shutdown.await;
             signal.cancel();
         });
-        let stop_accepting = draining.clone();
-        let server = tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(stop_accepting.cancelled_owned())
-                .await
-        });
-        Ok(Self { addr, stop, draining, tasks, server, drain })
+        let cut_off = CancellationToken::new();
+        let workers = spawn_workers(
+            listener.into_std()?,
+            Arc::new(Shared {
+                pool,
+                routing,
+                retry: Arc::new(RetryPolicy::new(&config.routing)),
+                metrics: crate::metrics::handle(),
+                max_body_bytes: config.max_body_bytes,
+                draining: draining.clone(),
+                cut_off: cut_off.clone(),
+            }),
+            worker_count(config.workers),
+        )?;
+        Ok(Self { addr, stop, draining, cut_off, tasks, workers, drain })
     }
 
     /// Waits for the server to stop accepting (on the shutdown signal), lets
     /// in-flight requests finish up to the drain timeout, then stops the engines.
     pub async fn run(self) -> Result<(), GatewayError> {
-        let Self { stop, draining, tasks, mut server, drain, .. } = self;
+        let Self { stop, draining, cut_off, tasks, mut workers, drain, .. } = self;
         let result = tokio::select! {
-            r = &mut server => Some(r),
+            r = &mut workers => Some(r),
             () = draining.cancelled() => None,
         };
         let result = match result {
             Some(r) => r,
-            None => match tokio::time::timeout(drain, &mut server).await {
+            None => match tokio::time::timeout(drain, &mut workers).await {
                 Ok(r) => r,
                 Err(_) => {
                     tracing::warn!("drain timeout passed; closing remaining connections");
-                    server.abort();
-                    Ok(Ok(()))
+                    cut_off.cancel();
+                    workers.await
                 }
             },
         };
         stop.cancel();
         tasks.close();
         tasks.wait().await;
-        result.map_err(|e| GatewayError::Io(std::io::Error::other(e)))??;
+        result
+            .map_err(|_| GatewayError::Io(std::io::Error::other("a worker thread panicked")))??;
         Ok(())
     }
+}
+
+/// What every worker thread serves with.
+struct Shared {
+    pool: Arc<Pool>,
+    routing: crate::config::Routing,
+    retry: Arc<RetryPolicy>,
+    metrics: metrics_exporter_prometheus::PrometheusHandle,
+    max_body_bytes: usize,
+    draining: CancellationToken,
+    cut_off: CancellationToken,
+}
+
+/// `workers`, or one per core.
+fn worker_count(workers: usize) -> usize {
+    if workers > 0 {
+        return workers;
+    }
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Starts `count` threads, each with a single-threaded runtime that accepts on
+/// the one listening socket and serves its connections with its own client to the
+/// backends. A request then stays on the thread that accepted it, from the
+/// client's socket to the backend's and back: no hand-off between threads per
+/// request, which on a multi-threaded runtime cost a fifth of the proxy's time in
+/// wake-ups (see BENCHMARKS.md). The pool, the retry budget and the metrics are
+/// shared. The receiver resolves when every thread has stopped.
+fn spawn_workers(
+    listener: std::net::TcpListener,
+    shared: Arc<Shared>,
+    count: usize,
+) -> std::io::Result<tokio::sync::oneshot::Receiver<std::io::Result<()>>> {
+    listener.set_nonblocking(true)?;
+    let mut threads = Vec::with_capacity(count);
+    for i in 0..count {
+        let listener = listener.try_clone()?;
+        let shared = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("gateway-{i}"))
+            .spawn(move || serve_worker(listener, &shared))?;
+        threads.push(thread);
+    }
+    let (done, workers) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let mut result = Ok(());
+        for thread in threads {
+            match thread.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => result = Err(e),
+                Err(_) => result = Err(std::io::Error::other("a worker thread panicked")),
+            }
+        }
+        let _ = done.send(result);
+    });
+    Ok(workers)
+}
+
+/// One worker thread: serves until the drain ends or is cut off.
+fn serve_worker(listener: std::net::TcpListener, shared: &Shared) -> std::io::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let listener = TcpListener::from_std(listener)?;
+        let forwarder = Forwarder::new(
+            shared.pool.clone(),
+            Upstream::new(&shared.routing),
+            shared.retry.clone(),
+        );
+        let app = Arc::new(App { forwarder, metrics: shared.metrics.clone() });
+        let app = router(app, shared.max_body_bytes);
+        let serving = axum::serve(listener, app)
+            .with_graceful_shutdown(shared.draining.clone().cancelled_owned());
+        tokio::select! {
+            result = serving => result,
+            // Dropping the runtime below drops the connections still open.
+            () = shared.cut_off.cancelled() => Ok(()),
+        }
+    })
 }

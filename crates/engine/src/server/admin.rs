@@ -13,7 +13,7 @@ use slotgate_protocol::{ApiError, ErrorType, Model, ModelList, SlotStatus};
 
 use super::body::JsonBody;
 use super::AppState;
-use crate::config::{reject_unknown_keys, ModelSettings};
+use crate::config::ModelSettings;
 use crate::error::api_response;
 
 /// `GET /v1/models`.
@@ -95,9 +95,7 @@ pub async fn load(
         fields.insert(key, value);
     }
     let defaults = ModelSettings { model: None, model_id: None, ..state.config.model.clone() };
-    if let Err(err) = reject_unknown_keys(fields.keys().map(String::as_str), &defaults) {
-        return api_response(ApiError::invalid("body", err.to_string()));
-    }
+    // An unknown key stays in `merged`, and serde refuses it, naming it.
     let mut merged = serde_json::to_value(&defaults).unwrap_or_default();
     for (k, v) in fields {
         merged[k] = v;

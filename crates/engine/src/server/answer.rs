@@ -2,6 +2,7 @@
 //! streamed as server-sent events. The job is the same either way.
 
 use std::convert::Infallible;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -114,9 +115,25 @@ pub trait ChunkWriter: Send + 'static {
     fn usage(&self, usage: Usage) -> String;
 }
 
+/// How a stream is written, apart from its chunks.
+#[derive(Debug, Clone, Copy)]
+pub struct Streamed {
+    /// Until the first event, an SSE comment this often.
+    pub keepalive: Option<Duration>,
+    /// A last chunk with the usage (`stream_options.include_usage`).
+    pub include_usage: bool,
+}
+
+/// The comment sent while a stream waits for its first event: clients skip
+/// lines that start with `:`, and proxies see traffic.
+pub const KEEPALIVE: &str = ": keep-alive\n\n";
+
 struct StreamState<W> {
     rx: UnboundedReceiver<Event>,
     pending: Option<Event>,
+    /// Whether anything was sent: a first event, or the opening keep-alive.
+    started: bool,
+    keepalive: Option<Duration>,
     writer: W,
     shape: Shape,
     include_usage: bool,
@@ -127,20 +144,24 @@ struct StreamState<W> {
 }
 
 /// Streams the answer as server-sent events, ending with `data: [DONE]`. An error
-/// after the stream began is sent as a final `{"error": ...}` event.
+/// after the stream began is sent as a final `{"error": ...}` event. Without a
+/// `first` event yet, the stream opens with a keep-alive comment, and sends one
+/// every interval until the first event arrives.
 pub fn stream<W: ChunkWriter>(
-    first: Event,
+    first: Option<Event>,
     rx: UnboundedReceiver<Event>,
     writer: W,
     shape: Shape,
-    include_usage: bool,
+    options: Streamed,
 ) -> Response {
     let state = StreamState {
         rx,
-        pending: Some(first),
+        started: first.is_some(),
+        pending: first,
+        keepalive: options.keepalive,
         writer,
         shape,
-        include_usage,
+        include_usage: options.include_usage,
         opened: vec![false; shape.choices as usize],
         done: 0,
         usage: UsageSum::default(),
@@ -150,9 +171,20 @@ pub fn stream<W: ChunkWriter>(
         if s.ended {
             return None;
         }
+        if !s.started {
+            // Opened before the first event: say so at once, then every interval.
+            s.started = true;
+            return Some((KEEPALIVE.to_owned(), s));
+        }
         let event = match s.pending.take() {
             Some(e) => Some(e),
-            None => s.rx.recv().await,
+            None => match s.keepalive.filter(|_| !s.opened.iter().any(|o| *o) && s.done == 0) {
+                Some(wait) => match tokio::time::timeout(wait, s.rx.recv()).await {
+                    Ok(event) => event,
+                    Err(_) => return Some((KEEPALIVE.to_owned(), s)),
+                },
+                None => s.rx.recv().await,
+            },
         };
         let out = s.write(event);
         Some((out, s))

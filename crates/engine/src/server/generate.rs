@@ -1,6 +1,6 @@
 //! `POST /v1/chat/completions`, `/v1/completions` and `/v1/embeddings`.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -12,12 +12,14 @@ use slotgate_protocol::{
     EmbeddingVector, FinishReason, PromptItem, Role, Usage,
 };
 
-use super::answer::{self, ChunkWriter, Shape};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::answer::{self, ChunkWriter, Shape, Streamed};
 use super::body::JsonBody;
 use super::AppState;
-use crate::error::api_response;
+use crate::error::EngineError;
 use crate::metrics as m;
-use crate::scheduler::{GenParams, JobInput, Scheduler};
+use crate::scheduler::{Event, GenParams, JobInput, Scheduler};
 
 /// OpenAI's default `max_tokens` for text completions.
 const COMPLETION_DEFAULT_MAX_TOKENS: u32 = 16;
@@ -31,76 +33,89 @@ fn count(model: &str, status: u16) {
         .increment(1);
 }
 
-fn fail(model: &str, err: ApiError) -> Response {
+/// Counts a refused request of `model` and makes it the handler's error.
+fn fail(model: &str, err: ApiError) -> EngineError {
     count(model, err.status());
-    api_response(err)
+    EngineError::Api(err)
 }
 
-/// Submits a job and waits for its first event; an error becomes the response.
+/// Submits a job and waits for its first event, so that a refusal (a full queue,
+/// a prompt too long) is still a response of its own status. A streamed request
+/// waits at most `keepalive`: past it, the stream opens with keep-alive comments
+/// and the first event comes later, in the stream (`None` here).
 async fn run(
-    scheduler: &Scheduler,
+    state: &AppState,
     model: &str,
     input: JobInput,
     params: GenParams,
-) -> Result<
-    (crate::scheduler::Event, tokio::sync::mpsc::UnboundedReceiver<crate::scheduler::Event>),
-    Response,
-> {
+    stream: bool,
+) -> Result<(Option<Event>, UnboundedReceiver<Event>), EngineError> {
+    let scheduler = &state.scheduler;
     if !scheduler.snapshot().models.iter().any(|m| m.id == model) {
         return Err(fail(model, ApiError::model_not_found(model)));
     }
     let (job, mut rx) = Scheduler::job(model.to_owned(), input, params);
     scheduler.submit(job).map_err(|e| fail(model, e))?;
-    let first = answer::first_event(&mut rx).await.map_err(|e| fail(model, e))?;
+    let keepalive = keepalive(state);
+    let first = match keepalive.filter(|_| stream) {
+        Some(wait) => match tokio::time::timeout(wait, answer::first_event(&mut rx)).await {
+            Ok(first) => Some(first.map_err(|e| fail(model, e))?),
+            Err(_) => None,
+        },
+        None => Some(answer::first_event(&mut rx).await.map_err(|e| fail(model, e))?),
+    };
     Ok((first, rx))
+}
+
+/// The keep-alive interval of streams, if there is one.
+fn keepalive(state: &AppState) -> Option<Duration> {
+    let ms = state.config.server.sse_keepalive_ms;
+    (ms > 0).then(|| Duration::from_millis(ms))
 }
 
 /// `POST /v1/chat/completions`.
 pub async fn chat(
     State(state): State<AppState>,
     JsonBody(req): JsonBody<ChatCompletionRequest>,
-) -> Response {
-    if let Err(err) = req.validate() {
-        return fail(&req.model, err);
-    }
+) -> Result<Response, EngineError> {
+    req.validate().map_err(|e| fail(&req.model, e))?;
     let params = GenParams::from_sampling(&req.sampling, req.max_tokens());
     let shape = Shape { choices: params.n, n: params.n };
-    let (first, rx) =
-        match run(&state.scheduler, &req.model, JobInput::Chat(req.messages), params).await {
-            Ok(x) => x,
-            Err(response) => return response,
-        };
+    let streamed = req.sampling.is_stream();
+    let input = JobInput::Chat(req.messages);
+    let (first, rx) = run(&state, &req.model, input, params, streamed).await?;
     let id = crate::ids::next("chatcmpl");
     let created = now();
     count(&req.model, 200);
-    if req.sampling.is_stream() {
+    if streamed {
         let writer = ChatChunks { id, created, model: req.model };
-        return answer::stream(first, rx, writer, shape, req.sampling.include_usage());
+        let streamed =
+            Streamed { keepalive: keepalive(&state), include_usage: req.sampling.include_usage() };
+        return Ok(answer::stream(first, rx, writer, shape, streamed));
     }
-    match answer::collect(first, rx, shape).await {
-        Ok(done) => Json(ChatCompletion {
-            id,
-            object: "chat.completion".into(),
-            created,
-            model: req.model,
-            system_fingerprint: None,
-            choices: done
-                .texts
-                .into_iter()
-                .zip(done.reasons)
-                .enumerate()
-                .map(|(i, (text, reason))| ChatChoice {
-                    index: i as u32,
-                    message: AssistantMessage { role: Role::Assistant, content: Some(text) },
-                    logprobs: None,
-                    finish_reason: Some(reason),
-                })
-                .collect(),
-            usage: Some(done.usage),
-        })
-        .into_response(),
-        Err(err) => api_response(err),
-    }
+    let Some(first) = first else { return Err(ApiError::internal().into()) };
+    let done = answer::collect(first, rx, shape).await?;
+    Ok(Json(ChatCompletion {
+        id,
+        object: "chat.completion".into(),
+        created,
+        model: req.model,
+        system_fingerprint: None,
+        choices: done
+            .texts
+            .into_iter()
+            .zip(done.reasons)
+            .enumerate()
+            .map(|(i, (text, reason))| ChatChoice {
+                index: i as u32,
+                message: AssistantMessage { role: Role::Assistant, content: Some(text) },
+                logprobs: None,
+                finish_reason: Some(reason),
+            })
+            .collect(),
+        usage: Some(done.usage),
+    })
+    .into_response())
 }
 
 struct ChatChunks {
@@ -150,39 +165,33 @@ impl ChunkWriter for ChatChunks {
 pub async fn completions(
     State(state): State<AppState>,
     JsonBody(req): JsonBody<CompletionRequest>,
-) -> Response {
-    if let Err(err) = req.validate() {
-        return fail(&req.model, err);
-    }
+) -> Result<Response, EngineError> {
+    req.validate().map_err(|e| fail(&req.model, e))?;
     let max_tokens = req.max_tokens.unwrap_or(COMPLETION_DEFAULT_MAX_TOKENS);
     let mut params = GenParams::from_sampling(&req.sampling, Some(max_tokens));
     params.echo = req.echo.unwrap_or(false);
     let items = req.prompt.items();
     let shape = Shape { choices: items.len() as u32 * params.n, n: params.n };
-    let (first, rx) =
-        match run(&state.scheduler, &req.model, JobInput::Prompts(items), params).await {
-            Ok(x) => x,
-            Err(response) => return response,
-        };
+    let streamed = req.sampling.is_stream();
+    let (first, rx) = run(&state, &req.model, JobInput::Prompts(items), params, streamed).await?;
     let writer =
         CompletionChunks { id: crate::ids::next("cmpl"), created: now(), model: req.model.clone() };
     count(&req.model, 200);
-    if req.sampling.is_stream() {
-        return answer::stream(first, rx, writer, shape, req.sampling.include_usage());
+    if streamed {
+        let streamed =
+            Streamed { keepalive: keepalive(&state), include_usage: req.sampling.include_usage() };
+        return Ok(answer::stream(first, rx, writer, shape, streamed));
     }
-    match answer::collect(first, rx, shape).await {
-        Ok(done) => {
-            let choices = done
-                .texts
-                .into_iter()
-                .zip(done.reasons)
-                .enumerate()
-                .map(|(i, (text, reason))| writer.choice(i as u32, text, Some(reason)))
-                .collect();
-            Json(writer.completion(choices, Some(done.usage))).into_response()
-        }
-        Err(err) => api_response(err),
-    }
+    let Some(first) = first else { return Err(ApiError::internal().into()) };
+    let done = answer::collect(first, rx, shape).await?;
+    let choices = done
+        .texts
+        .into_iter()
+        .zip(done.reasons)
+        .enumerate()
+        .map(|(i, (text, reason))| writer.choice(i as u32, text, Some(reason)))
+        .collect();
+    Ok(Json(writer.completion(choices, Some(done.usage))).into_response())
 }
 
 struct CompletionChunks {
@@ -236,10 +245,8 @@ impl ChunkWriter for CompletionChunks {
 pub async fn embeddings(
     State(state): State<AppState>,
     JsonBody(req): JsonBody<EmbeddingRequest>,
-) -> Response {
-    if let Err(err) = req.validate() {
-        return fail(&req.model, err);
-    }
+) -> Result<Response, EngineError> {
+    req.validate().map_err(|e| fail(&req.model, e))?;
     let inputs = match &req.input {
         EmbeddingInput::Text(s) => vec![PromptItem::Text(s.clone())],
         EmbeddingInput::Texts(v) => v.iter().cloned().map(PromptItem::Text).collect(),
@@ -247,26 +254,23 @@ pub async fn embeddings(
         EmbeddingInput::TokenArrays(v) => v.iter().cloned().map(PromptItem::Tokens).collect(),
     };
     let format = req.encoding_format.unwrap_or_default();
-    match state.scheduler.embed(req.model.clone(), inputs).await {
-        Ok(vectors) => {
-            count(&req.model, 200);
-            let tokens: u32 = vectors.iter().map(|e| e.tokens).sum();
-            Json(EmbeddingResponse {
-                object: "list".into(),
-                data: vectors
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, e)| Embedding {
-                        object: "embedding".into(),
-                        embedding: EmbeddingVector::encode(e.vector, format),
-                        index: i as u32,
-                    })
-                    .collect(),
-                model: req.model,
-                usage: EmbeddingUsage { prompt_tokens: tokens, total_tokens: tokens },
+    let vectors =
+        state.scheduler.embed(req.model.clone(), inputs).await.map_err(|e| fail(&req.model, e))?;
+    count(&req.model, 200);
+    let tokens: u32 = vectors.iter().map(|e| e.tokens).sum();
+    Ok(Json(EmbeddingResponse {
+        object: "list".into(),
+        data: vectors
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| Embedding {
+                object: "embedding".into(),
+                embedding: EmbeddingVector::encode(e.vector, format),
+                index: i as u32,
             })
-            .into_response()
-        }
-        Err(err) => fail(&req.model, err),
-    }
+            .collect(),
+        model: req.model,
+        usage: EmbeddingUsage { prompt_tokens: tokens, total_tokens: tokens },
+    })
+    .into_response())
 }

@@ -6,9 +6,10 @@ mod answer;
 mod body;
 mod generate;
 
-use std::future::Future;
+use std::future::{Future, IntoFuture};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
@@ -16,6 +17,7 @@ use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 use slotgate_protocol::{ApiError, ErrorType};
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::{EngineConfig, ModelSettings};
 use crate::error::{api_response, EngineError};
@@ -34,7 +36,7 @@ pub struct AppState {
 
 /// The engine's routes.
 pub fn router(state: AppState) -> Router {
-    let limit = state.config.max_body_bytes;
+    let limit = state.config.server.max_body_bytes;
     Router::new()
         .route("/v1/chat/completions", post(generate::chat))
         .route("/v1/completions", post(generate::completions))
@@ -69,28 +71,60 @@ async fn method_not_allowed() -> axum::response::Response {
 pub struct Running {
     /// Where it listens.
     pub addr: SocketAddr,
-    /// Ends when the server stops.
+    /// Ends when the server has stopped: once the requests that were running at
+    /// the shutdown signal are done, or at `drain_timeout_ms`, whichever is first.
     pub task: tokio::task::JoinHandle<Result<(), EngineError>>,
 }
 
-/// Binds, starts serving (answering 503 on `/health` until the model is loaded),
-/// loads the configured model, and returns once it is ready.
+/// Binds `host:port`, then as [`serve`].
 pub async fn start(
     config: EngineConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Running, EngineError> {
-    let listener = TcpListener::bind((config.host.as_str(), config.port)).await?;
+    let listener = TcpListener::bind((config.server.host.as_str(), config.server.port)).await?;
+    serve(listener, config, shutdown).await
+}
+
+/// Serves on `listener` (answering 503 on `/health` until the model is loaded),
+/// loads the configured model, and returns once it is ready.
+pub async fn serve(
+    listener: TcpListener,
+    config: EngineConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<Running, EngineError> {
     let addr = listener.local_addr()?;
     let scheduler = Scheduler::start()?;
     let settings: ModelSettings = config.model.clone();
+    let drain = Duration::from_millis(config.server.drain_timeout_ms);
     let state = AppState {
         scheduler: scheduler.clone(),
         config: Arc::new(config),
         metrics: crate::metrics::handle(),
     };
     let app = router(state);
+    let draining = CancellationToken::new();
+    let signal = draining.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        signal.cancel();
+    });
     let task = tokio::spawn(async move {
-        axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(EngineError::from)
+        let server =
+            axum::serve(listener, app).with_graceful_shutdown(draining.clone().cancelled_owned());
+        let mut server = std::pin::pin!(server.into_future());
+        tokio::select! {
+            result = &mut server => return result.map_err(EngineError::from),
+            () = draining.cancelled() => {}
+        }
+        // A stream can run for minutes; the process that sent SIGTERM (a
+        // supervisor, Kubernetes) waits only so long, as the gateway does.
+        match tokio::time::timeout(drain, server).await {
+            Ok(result) => result.map_err(EngineError::from),
+            Err(_) => {
+                tracing::warn!(?drain, "drain timeout passed; cutting off running requests");
+                Ok(())
+            }
+        }
     });
     if settings.model.is_some() {
         scheduler.load(settings).await?;

@@ -36,12 +36,13 @@ pub const REQUEST_ID: &str = "x-request-id";
 pub struct Forwarder {
     pool: Arc<Pool>,
     upstream: Upstream,
-    retry: RetryPolicy,
+    /// Shared by every worker thread: one budget for the whole gateway.
+    retry: Arc<RetryPolicy>,
 }
 
 impl Forwarder {
     /// A forwarder over `pool`.
-    pub fn new(pool: Arc<Pool>, upstream: Upstream, retry: RetryPolicy) -> Self {
+    pub fn new(pool: Arc<Pool>, upstream: Upstream, retry: Arc<RetryPolicy>) -> Self {
         Self { pool, upstream, retry }
     }
 

@@ -1,0 +1,182 @@
+//! The decode step: one batch built from every running slot (generating slots
+//! first, then prompt chunks), decoded, and every slot with logits sampled.
+
+use std::time::{Duration, Instant};
+
+use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::token::LlamaToken;
+use slotgate_protocol::{ApiError, FinishReason};
+
+use super::ModelRuntime;
+use crate::metrics as m;
+use crate::scheduler::job::{ChoiceUsage, Event, Outbox};
+use crate::scheduler::slot::Running;
+
+impl ModelRuntime {
+    /// Builds one batch from every running slot, decodes it, samples.
+    pub(super) fn decode_and_sample(&mut self, outbox: &mut Outbox) -> (bool, Duration) {
+        let Self { loaded, batch, slots, settings, id, .. } = self;
+        let capacity = settings.batch_size as usize;
+        batch.clear();
+        // Generating slots first, one token each: they keep streaming while long
+        // prompts are read in chunks with whatever room is left.
+        for slot in slots.iter_mut() {
+            let pos = slot.cache.len() as i32;
+            let Some(run) = slot.running.as_mut() else { continue };
+            run.logits_at = None;
+            if let Some(token) = run.next {
+                if (batch.n_tokens() as usize) < capacity
+                    && batch.add(token, pos, &[slot.id as i32], true).is_ok()
+                {
+                    run.logits_at = Some(batch.n_tokens() - 1);
+                }
+            }
+        }
+        let mut chunks: Vec<(usize, usize)> = Vec::new();
+        for (i, slot) in slots.iter_mut().enumerate() {
+            let Some(run) = slot.running.as_mut() else { continue };
+            if !run.in_prompt() {
+                continue;
+            }
+            let room = capacity - batch.n_tokens() as usize;
+            if room == 0 {
+                break;
+            }
+            let start = run.n_prompt_done;
+            let end = run.task.prompt.len().min(start + room);
+            for (k, &token) in run.task.prompt[start..end].iter().enumerate() {
+                let last = start + k + 1 == run.task.prompt.len();
+                // Cannot fail: room was counted above.
+                let _ = batch.add(token, (start + k) as i32, &[slot.id as i32], last);
+                if last {
+                    run.logits_at = Some(batch.n_tokens() - 1);
+                }
+            }
+            chunks.push((i, end - start));
+        }
+        if batch.n_tokens() == 0 {
+            return (false, Duration::ZERO);
+        }
+        let llama_started = Instant::now();
+        let decoded = loaded.with_dependent_mut(|_, c| c.gen.decode(batch));
+        let mut in_llama = llama_started.elapsed();
+        if let Err(err) = decoded {
+            tracing::error!(model = %id, error = %err, tokens = batch.n_tokens(), "decode failed");
+            for slot in slots.iter_mut() {
+                if let Some(run) = slot.running.take() {
+                    run.task.send(outbox, Event::Error(ApiError::internal()));
+                    loaded.with_dependent_mut(|_, c| {
+                        let _ = c.gen.clear_kv_cache_seq(Some(slot.id), None, None);
+                    });
+                    slot.cache.clear();
+                }
+            }
+            return (true, in_llama);
+        }
+        // Record what is now in each sequence's cache.
+        for (i, n) in chunks {
+            let slot = &mut slots[i];
+            if let Some(run) = slot.running.as_mut() {
+                let start = run.n_prompt_done;
+                slot.cache.extend_from_slice(&run.task.prompt[start..start + n]);
+                run.n_prompt_done += n;
+            }
+        }
+        let mut generated = 0u64;
+        let model =
+            Sampled { model: loaded.borrow_owner(), ctx_len: settings.ctx_len as usize, id };
+        for slot in slots.iter_mut() {
+            let Some(run) = slot.running.as_mut() else { continue };
+            let Some(at) = run.logits_at else { continue };
+            if let Some(token) = run.next.take() {
+                slot.cache.push(token);
+            }
+            let sample_started = Instant::now();
+            let token = loaded.with_dependent(|_, c| run.sampler.sample(&c.gen, at));
+            in_llama += sample_started.elapsed();
+            generated += 1;
+            let ended = model.accept(run, token, slot.cache.len(), outbox);
+            if let Some(reason) = ended {
+                let run = slot.running.take();
+                if let Some(run) = run {
+                    finish(run, reason, id, outbox);
+                }
+            }
+        }
+        metrics::counter!(m::GENERATED_TOKENS, "model" => id.clone()).increment(generated);
+        (true, in_llama)
+    }
+}
+
+/// What sampling needs of the model while its slots are borrowed.
+struct Sampled<'a> {
+    model: &'a LlamaModel,
+    ctx_len: usize,
+    id: &'a str,
+}
+
+impl Sampled<'_> {
+    /// Takes one sampled token; returns why the choice ends, if it does.
+    fn accept(
+        &self,
+        run: &mut Running,
+        token: LlamaToken,
+        in_cache: usize,
+        outbox: &mut Outbox,
+    ) -> Option<FinishReason> {
+        let Self { model, ctx_len, id } = *self;
+        run.generated += 1;
+        let now = Instant::now();
+        if run.first_token.is_none() {
+            run.first_token = Some(now);
+            let ttft = now - run.task.enqueued;
+            metrics::histogram!(m::TTFT, "model" => id.to_owned()).record(ttft.as_secs_f64());
+        }
+        let vocab = model.vocab();
+        if vocab.is_eog(token) {
+            return Some(FinishReason::Stop);
+        }
+        let pushed = run.text.push(&vocab.token_to_piece(token, false, None));
+        if !pushed.text.is_empty() {
+            run.task.send(outbox, Event::Text { index: run.task.index, text: pushed.text });
+        }
+        if pushed.stopped {
+            return Some(FinishReason::Stop);
+        }
+        if run.task.params.max_tokens.is_some_and(|max| run.generated >= max) {
+            return Some(FinishReason::Length);
+        }
+        if in_cache + 1 > ctx_len {
+            return Some(FinishReason::Length);
+        }
+        run.next = Some(token);
+        None
+    }
+}
+
+/// Ends a choice: the held-back text, its usage and its metrics.
+fn finish(mut run: Running, reason: FinishReason, id: &str, outbox: &mut Outbox) {
+    let rest = run.text.finish();
+    if !rest.is_empty() {
+        run.task.send(outbox, Event::Text { index: run.task.index, text: rest });
+    }
+    let usage = ChoiceUsage {
+        prompt_tokens: run.task.prompt.len() as u32,
+        cached_tokens: run.cached as u32,
+        completion_tokens: run.generated,
+    };
+    if let Some(first) = run.first_token {
+        if run.generated > 1 {
+            let per_token = first.elapsed() / (run.generated - 1);
+            metrics::histogram!(m::TPOT, "model" => id.to_owned()).record(per_token.as_secs_f64());
+        }
+    }
+    metrics::counter!(m::PROMPT_TOKENS, "model" => id.to_owned())
+        .increment(usage.prompt_tokens.into());
+    metrics::counter!(m::PROMPT_TOKENS_CACHED, "model" => id.to_owned())
+        .increment(usage.cached_tokens.into());
+    metrics::counter!(m::PROMPT_TOKENS_COMPUTED, "model" => id.to_owned())
+        .increment(u64::from(usage.prompt_tokens - usage.cached_tokens));
+    tracing::debug!(model = %id, task = run.task.id, ?reason, ?usage, elapsed = ?run.admitted.elapsed(), "choice done");
+    run.task.send(outbox, Event::Done { index: run.task.index, reason, usage });
+}

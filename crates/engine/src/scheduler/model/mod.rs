@@ -1,0 +1,200 @@
+//! One loaded model on the scheduler thread: its llama.cpp model and context, its
+//! slots and its queue, and one step of continuous batching over them. Its jobs
+//! have a file each: `prompt` (rendering and tokenizing), `admission` (queue,
+//! slot choice, host cache) and `decode` (the batch and sampling).
+
+mod admission;
+mod decode;
+mod prompt;
+
+use std::collections::VecDeque;
+use std::num::NonZeroU32;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::context::session::SeqState;
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::llama_backend::LlamaBackend;
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::model::LlamaModel;
+use slotgate_protocol::{ApiError, PromptItem, SlotStatus};
+
+use super::embed::Embedded;
+use super::host_cache::HostCache;
+use super::job::{Event, Outbox, Task};
+use super::slot::Slot;
+use crate::config::{ModelSettings, TemplateChoice};
+use crate::error::EngineError;
+use crate::template::ChatTemplate;
+
+/// The contexts of one model: one for generation, whose sequences are the slots,
+/// and one for embeddings when they are enabled.
+pub(crate) struct Contexts<'m> {
+    gen: LlamaContext<'m>,
+    embed: Option<LlamaContext<'m>>,
+}
+
+self_cell::self_cell!(
+    /// A model and the contexts that borrow it, owned together so that a model can
+    /// be loaded and unloaded at run time.
+    struct Loaded {
+        owner: LlamaModel,
+        #[covariant]
+        dependent: Contexts,
+    }
+);
+
+/// What `/slots`, `/v1/models` and `/metrics` show of a model.
+#[derive(Debug, Clone)]
+pub struct ModelSnapshot {
+    /// The name clients send.
+    pub id: String,
+    /// Unix seconds when it was loaded.
+    pub created: u64,
+    /// Every slot.
+    pub slots: Vec<SlotStatus>,
+    /// Tasks waiting for a slot.
+    pub queue_depth: usize,
+}
+
+/// A model being served.
+pub(crate) struct ModelRuntime {
+    pub id: String,
+    settings: ModelSettings,
+    created: u64,
+    template: ChatTemplate,
+    n_vocab: i32,
+    loaded: Loaded,
+    batch: LlamaBatch<'static>,
+    slots: Vec<Slot>,
+    queue: VecDeque<Task>,
+    /// KV states of conversations that had to leave their slot.
+    host_cache: HostCache<SeqState>,
+}
+
+impl ModelRuntime {
+    /// Loads the file and creates its context. Runs on the scheduler thread: see
+    /// `worker.rs` for why loading is not moved to another thread.
+    pub fn load(backend: &LlamaBackend, settings: ModelSettings) -> Result<Self, EngineError> {
+        settings.validate()?;
+        let path = settings.path().to_path_buf();
+        let load_err =
+            |reason: String| EngineError::Load { path: path.display().to_string(), reason };
+        let model_params = LlamaModelParams::default().with_n_gpu_layers(settings.ngl);
+        let model = LlamaModel::load_from_file(backend, &path, &model_params)
+            .map_err(|e| load_err(format!("{e} (is it a GGUF model file?)")))?;
+        let n_vocab = model.n_vocab();
+        let architecture = model.meta_val_str("general.architecture").unwrap_or_default();
+        let template = match settings.template() {
+            TemplateChoice::Fixed(t) => t,
+            TemplateChoice::Auto => {
+                ChatTemplate::auto(model.chat_template(None).is_ok(), &architecture)
+            }
+        };
+        if template == ChatTemplate::Model && model.chat_template(None).is_err() {
+            return Err(load_err("chat_template `model`: the GGUF has no chat template".into()));
+        }
+        let n_parallel = settings.n_parallel;
+        let threads = settings.threads() as i32;
+        let ctx_params = LlamaContextParams::default()
+            .with_n_ctx(NonZeroU32::new(settings.ctx_len * n_parallel))
+            .with_n_seq_max(n_parallel)
+            .with_n_batch(settings.batch_size)
+            .with_n_ubatch(settings.batch_size)
+            .with_n_threads(threads)
+            .with_n_threads_batch(threads);
+        let embedding = settings.embedding;
+        let embed_params = super::embed::context_params(&settings);
+        // Contexts are created one after the other: creating two from one model at
+        // once is unsound in llama.cpp.
+        let loaded = Loaded::try_new(model, |model| {
+            let gen = model.new_context(backend, ctx_params)?;
+            let embed =
+                if embedding { Some(model.new_context(backend, embed_params)?) } else { None };
+            Ok::<_, llama_cpp_2::LlamaContextLoadError>(Contexts { gen, embed })
+        })
+        .map_err(|e| load_err(format!("cannot create a context: {e}")))?;
+        let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let id = settings.id();
+        tracing::info!(model = %id, ?template, n_parallel, ctx_len = settings.ctx_len, "model loaded");
+        Ok(Self {
+            id,
+            created,
+            template,
+            n_vocab,
+            loaded,
+            batch: LlamaBatch::new(settings.batch_size as usize, 1),
+            slots: (0..n_parallel).map(Slot::new).collect(),
+            queue: VecDeque::new(),
+            host_cache: HostCache::new(settings.cache_ram_mib as usize * 1024 * 1024),
+            settings,
+        })
+    }
+
+    /// Whether any slot is running or any task waits.
+    pub fn is_busy(&self) -> bool {
+        !self.queue.is_empty() || self.slots.iter().any(|s| s.running.is_some())
+    }
+
+    /// One step: drop cancelled and expired work, admit queued tasks into free
+    /// slots, decode one batch, sample every slot that has logits. Returns whether
+    /// anything was decoded, and the time spent inside llama.cpp.
+    /// Events go to `outbox`, to be sent once the step's state is published.
+    pub fn step(&mut self, step_no: u64, outbox: &mut Outbox) -> (bool, Duration) {
+        self.reap_cancelled();
+        self.expire_queue(outbox);
+        self.admit(step_no, outbox);
+        self.decode_and_sample(outbox)
+    }
+
+    /// Embeds `inputs` at once, between two generation steps.
+    pub fn embed(&mut self, inputs: &[PromptItem]) -> Result<Vec<Embedded>, ApiError> {
+        let id = self.id.clone();
+        let n_vocab = self.n_vocab;
+        let ctx_len = self.settings.ctx_len as usize;
+        self.loaded.with_dependent_mut(|model, c| match c.embed.as_mut() {
+            Some(ctx) => super::embed::run(model, ctx, inputs, n_vocab, ctx_len),
+            None => Err(ApiError::invalid(
+                "model",
+                format!(
+                    "embeddings are not enabled for model `{id}`; load it with embedding = true"
+                ),
+            )),
+        })
+    }
+
+    /// Fails every running and queued task, as when the model is unloaded.
+    pub fn fail_all(&mut self, err: &ApiError, outbox: &mut Outbox) {
+        for slot in &mut self.slots {
+            if let Some(run) = slot.running.take() {
+                run.task.send(outbox, Event::Error(err.clone()));
+            }
+        }
+        for task in self.queue.drain(..) {
+            task.send(outbox, Event::Error(err.clone()));
+        }
+    }
+
+    /// The state shown to HTTP handlers.
+    pub fn snapshot(&self) -> ModelSnapshot {
+        let slots = self
+            .slots
+            .iter()
+            .map(|s| SlotStatus {
+                id: s.id,
+                id_task: s.running.as_ref().map_or(-1, |r| r.task.id as i64),
+                n_ctx: self.settings.ctx_len,
+                is_processing: s.running.is_some(),
+                model: Some(self.id.clone()),
+                n_cached: Some(s.cache.len() as u32),
+            })
+            .collect();
+        ModelSnapshot {
+            id: self.id.clone(),
+            created: self.created,
+            slots,
+            queue_depth: self.queue.len(),
+        }
+    }
+}
