@@ -1,5 +1,6 @@
 //! wrk, a load generator written in C, as a second opinion on the gateway
-//! figures: the same request bodies, closed loop over kept-alive connections,
+//! figures: the same request bodies (plain or streamed), closed loop over
+//! kept-alive connections,
 //! its own latency percentiles parsed from `--latency` output.
 
 use std::path::Path;
@@ -16,6 +17,8 @@ use crate::load::Target;
 pub struct WrkRun {
     /// The target's name.
     pub target: String,
+    /// Whether the requests asked for a streamed answer.
+    pub stream: bool,
     /// Open connections (wrk's closed-loop clients).
     pub connections: usize,
     /// Requests per second, all responses counted.
@@ -59,7 +62,9 @@ pub fn run_wrk(
         "wrk failed: {text}{}",
         String::from_utf8_lossy(&output.stderr)
     );
+    let stream = body["stream"] == Value::Bool(true);
     parse(&target.name, connections, &text)
+        .map(|run| WrkRun { stream, ..run })
         .ok_or_else(|| anyhow::anyhow!("could not read wrk's report:\n{text}"))
 }
 
@@ -67,6 +72,7 @@ pub fn run_wrk(
 pub fn parse(target: &str, connections: usize, text: &str) -> Option<WrkRun> {
     let mut run = WrkRun {
         target: target.to_owned(),
+        stream: false,
         connections,
         requests_per_second: f64::NAN,
         p50_ms: f64::NAN,

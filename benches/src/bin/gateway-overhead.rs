@@ -288,21 +288,26 @@ async fn main() -> anyhow::Result<()> {
             }
         }
     }
-    // wrk's view of the same paths, plain requests, after ours.
+    // wrk's view of the same paths, plain and streamed, after ours.
     let mut wrk_runs = Vec::new();
     if let Some(wrk) = &args.wrk {
-        for &n in &args.clients {
-            for target in &targets {
-                let run = slotgate_benches::wrk::run_wrk(
-                    wrk,
-                    target,
-                    &bodies(false)(0),
-                    n,
-                    Duration::from_secs(5),
-                    &logs,
-                )?;
-                eprintln!("wrk {} clients={n}: {:.0} req/s", target.name, run.requests_per_second);
-                wrk_runs.push(run);
+        for stream in [false, true] {
+            for &n in &args.clients {
+                for target in &targets {
+                    let run = slotgate_benches::wrk::run_wrk(
+                        wrk,
+                        target,
+                        &bodies(stream)(0),
+                        n,
+                        Duration::from_secs(5),
+                        &logs,
+                    )?;
+                    eprintln!(
+                        "wrk {} stream={stream} clients={n}: {:.0} req/s",
+                        target.name, run.requests_per_second
+                    );
+                    wrk_runs.push(run);
+                }
             }
         }
     }
@@ -345,11 +350,11 @@ async fn main() -> anyhow::Result<()> {
     }
     out.text(&best.markdown());
     if !wrk_runs.is_empty() {
-        out.text("The same paths measured by wrk (one thread, plain requests, 5 s per run):\n");
+        out.text("The same paths measured by wrk (one thread, 5 s per run):\n");
         let theirs: Vec<PathRun> = wrk_runs
             .iter()
             .map(|r| PathRun {
-                stream: false,
+                stream: r.stream,
                 clients: r.connections,
                 path: r.target.clone(),
                 requests_per_second: r.requests_per_second,
@@ -358,7 +363,29 @@ async fn main() -> anyhow::Result<()> {
                 errors: r.errors.to_string(),
             })
             .collect();
-        out.text(&overhead_table(&theirs, false).markdown());
+        out.text(&overhead_table(&theirs, true).markdown());
+        // The yardstick: slotgate's requests per second over nginx's, by wrk.
+        let mut versus =
+            Table::new(&["stream", "clients", "slotgate req/s", "nginx req/s", "slotgate / nginx"]);
+        let rate = |name: &str, stream: bool, n: usize| {
+            wrk_runs
+                .iter()
+                .find(|r| r.target == name && r.stream == stream && r.connections == n)
+                .map_or(f64::NAN, |r| r.requests_per_second)
+        };
+        for stream in [false, true] {
+            for &n in &args.clients {
+                let (ours, theirs) = (rate("slotgate", stream, n), rate("nginx", stream, n));
+                versus.row(vec![
+                    stream.to_string(),
+                    n.to_string(),
+                    fixed(ours, 0),
+                    fixed(theirs, 0),
+                    ratio(ours, theirs),
+                ]);
+            }
+        }
+        out.text(&versus.markdown());
     }
     let plain: Vec<Report> = reports.iter().filter(|r| !r.stream).cloned().collect();
     out.chart(
