@@ -239,6 +239,23 @@ mod tests {
         Pool::new(vec![backend], &routing)
     }
 
+    /// Two healthy backends of model `m`, one slot each.
+    fn two_backends_of_one_slot() -> Vec<Arc<Backend>> {
+        (0..2)
+            .map(|i| {
+                let config = BackendConfig {
+                    url: format!("http://127.0.0.1:{}", 9000 + i),
+                    models: Some(vec!["m".into()]),
+                    slots: Some(1),
+                    weight: 1,
+                };
+                let backend = Arc::new(Backend::new(i, &config));
+                backend.check_passed(1);
+                backend
+            })
+            .collect()
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_waiter_times_out_after_the_queue_timeout() {
         let pool = pool(1, 4, 500);
@@ -282,19 +299,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_spilled_conversation_stays_on_the_backend_it_spilled_to() {
-        let backends: Vec<Arc<Backend>> = (0..2)
-            .map(|i| {
-                let config = BackendConfig {
-                    url: format!("http://127.0.0.1:{}", 9000 + i),
-                    models: Some(vec!["m".into()]),
-                    slots: Some(1),
-                    weight: 1,
-                };
-                let backend = Arc::new(Backend::new(i, &config));
-                backend.check_passed(1);
-                backend
-            })
-            .collect();
+        let backends = two_backends_of_one_slot();
         let pool = Pool::new(backends, &Routing::default());
         let key = Some(11);
         let home = pool.acquire("m", &[], key).await.unwrap();
@@ -320,19 +325,7 @@ mod tests {
     /// and the first keeps waiting for a backend it can use.
     #[tokio::test(start_paused = true)]
     async fn a_freed_slot_goes_to_the_first_waiter_that_can_use_it() {
-        let backends: Vec<Arc<Backend>> = (0..2)
-            .map(|i| {
-                let config = BackendConfig {
-                    url: format!("http://127.0.0.1:{}", 9000 + i),
-                    models: Some(vec!["m".into()]),
-                    slots: Some(1),
-                    weight: 1,
-                };
-                let backend = Arc::new(Backend::new(i, &config));
-                backend.check_passed(1);
-                backend
-            })
-            .collect();
+        let backends = two_backends_of_one_slot();
         let routing = Routing { policy: Policy::Slots, ..Routing::default() };
         let pool = Pool::new(backends, &routing);
         let a = pool.acquire("m", &[], None).await.unwrap();
