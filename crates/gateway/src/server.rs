@@ -29,6 +29,9 @@ pub struct Gateway {
     draining: CancellationToken,
     /// Cancelled when the drain timeout passes: the workers drop what still runs.
     cut_off: CancellationToken,
+    /// Cancels `cut_off` when a gateway (or its `run`) is dropped before the end: the
+    /// worker threads are not tasks of the caller's runtime, and would outlive it.
+    cut_on_drop: tokio_util::sync::DropGuard,
     tasks: TaskTracker,
     /// Resolves when every worker thread has stopped serving.
     workers: tokio::sync::oneshot::Receiver<std::io::Result<()>>,
@@ -111,13 +114,23 @@ impl Gateway {
             }),
             worker_count(config.workers),
         )?;
-        Ok(Self { addr, stop, draining, cut_off, tasks, workers, drain })
+        let cut_on_drop = cut_off.clone().drop_guard();
+        Ok(Self { addr, stop, draining, cut_off, cut_on_drop, tasks, workers, drain })
     }
 
     /// Waits for the server to stop accepting (on the shutdown signal), lets
     /// in-flight requests finish up to the drain timeout, then stops the engines.
     pub async fn run(self) -> Result<(), GatewayError> {
-        let Self { stop, draining, cut_off, tasks, mut workers, drain, .. } = self;
+        let Self {
+            stop,
+            draining,
+            cut_off,
+            cut_on_drop: _cut_on_drop,
+            tasks,
+            mut workers,
+            drain,
+            ..
+        } = self;
         let result = tokio::select! {
             r = &mut workers => Some(r),
             () = draining.cancelled() => None,
@@ -218,4 +231,26 @@ fn serve_worker(listener: std::net::TcpListener, shared: &Shared) -> std::io::Re
             () = shared.cut_off.cancelled() => Ok(()),
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The worker threads are not tasks of the caller's runtime: a gateway dropped
+    /// without `run` must still stop them, and close its socket.
+    #[tokio::test]
+    async fn a_dropped_gateway_stops_its_worker_threads() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let config = GatewayConfig { workers: 2, ..GatewayConfig::default() };
+        let gateway = Gateway::serve(listener, config, std::future::pending()).await.unwrap();
+        let addr = gateway.addr;
+        assert!(tokio::net::TcpStream::connect(addr).await.is_ok(), "it serves");
+        drop(gateway);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while tokio::net::TcpStream::connect(addr).await.is_ok() {
+            assert!(std::time::Instant::now() < deadline, "still accepting 5 s after the drop");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }
