@@ -90,6 +90,74 @@ fn chat_opening(h: &mut Fnv, messages: &[Value]) -> bool {
     false
 }
 
+/// The messages of a chat that [`key`] reads: those up to the first user message,
+/// or up to [`CHAT_PREFIX_BYTES`] of content. The later turns that a long
+/// conversation resends are checked to be JSON and skipped, not built.
+#[derive(Debug, Default)]
+pub struct Opening(pub Option<Vec<Value>>);
+
+impl<'de> serde::Deserialize<'de> for Opening {
+    fn deserialize<D: serde::Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        de.deserialize_any(OpeningVisitor)
+    }
+}
+
+struct OpeningVisitor;
+
+impl<'de> serde::de::Visitor<'de> for OpeningVisitor {
+    type Value = Opening;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a list of messages")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Opening, A::Error> {
+        let mut kept = Vec::new();
+        let mut budget = CHAT_PREFIX_BYTES;
+        let mut reading = true;
+        while reading {
+            let Some(message) = seq.next_element::<Value>()? else {
+                return Ok(Opening(Some(kept)));
+            };
+            let content = match message.get("content") {
+                Some(Value::String(text)) => text.len(),
+                Some(other) => other.to_string().len(),
+                None => 0,
+            };
+            budget = budget.saturating_sub(content);
+            reading = budget > 0 && message.get("role").and_then(Value::as_str) != Some("user");
+            kept.push(message);
+        }
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Ok(Opening(Some(kept)))
+    }
+
+    // Anything else is not a chat: no opening, as when `messages` is absent (the
+    // key then falls back to `prompt`); the engine judges the field itself.
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Opening, A::Error> {
+        while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
+        Ok(Opening::default())
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Opening, E> {
+        Ok(Opening::default())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Opening, E> {
+        Ok(Opening::default())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Opening, E> {
+        Ok(Opening::default())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Opening, E> {
+        Ok(Opening::default())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Opening, E> {
+        Ok(Opening::default())
+    }
+    fn visit_unit<E>(self) -> Result<Opening, E> {
+        Ok(Opening::default())
+    }
+}
+
 /// The longest start of `text` of at most `max` bytes that ends on a character.
 fn cut(text: &str, max: usize) -> &str {
     if text.len() <= max {

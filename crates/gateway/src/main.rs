@@ -5,6 +5,13 @@ use anyhow::Context;
 use clap::Parser;
 use slotgate_gateway::{Cli, Gateway, GatewayConfig};
 
+/// mimalloc, not glibc's malloc: a proxied request allocates and frees buffers
+/// on two worker threads, and glibc spent a third of the gateway's user time
+/// consolidating its free lists (`unlink_chunk`, `malloc_consolidate`; see
+/// BENCHMARKS.md, gateway overhead).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     slotgate_http::init_tracing();

@@ -1,6 +1,10 @@
 //! Prometheus metrics of the gateway. Labels stay bounded: backends, models,
 //! statuses and retry reasons, never request ids or user text.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use metrics::{Counter, Histogram};
 use metrics_exporter_prometheus::PrometheusHandle;
 
 /// 1 when a backend takes traffic (gauge; `backend`).
@@ -32,4 +36,90 @@ pub const TTFT: &str = "slotgate_time_to_first_token_seconds";
 /// The process's Prometheus recorder.
 pub fn handle() -> PrometheusHandle {
     slotgate_http::prometheus()
+}
+
+/// Handles of the metrics recorded on every request, looked up once per thread.
+/// `counter!` with owned labels allocates the labels, hashes the key and searches
+/// the registry on each call: a tenth of the proxy's user time (see
+/// BENCHMARKS.md, gateway overhead). The label sets are bounded (known models,
+/// configured backends, statuses), and the recorder keeps every metric for the
+/// life of the process, so a handle never goes stale.
+#[derive(Default)]
+struct Handles {
+    models: HashMap<String, ModelHandles>,
+    backends: HashMap<String, [Counter; 2]>,
+    routing: Vec<(&'static str, Counter)>,
+}
+
+/// One model's histograms, and its request counters by backend and status.
+struct ModelHandles {
+    ttft: Histogram,
+    duration: Histogram,
+    requests: Vec<(String, u16, Counter)>,
+}
+
+thread_local! {
+    static HANDLES: RefCell<Handles> = RefCell::default();
+}
+
+/// Counts an answer of `status` for `model` from `backend` (`none` when the gateway
+/// answered itself), with its time to first byte and whole duration in seconds
+/// when it had any.
+pub fn request_done(model: &str, backend: &str, status: u16, times: Option<(f64, f64)>) {
+    HANDLES.with_borrow_mut(|h| {
+        if !h.models.contains_key(model) {
+            let per = ModelHandles {
+                ttft: metrics::histogram!(TTFT, "model" => model.to_owned()),
+                duration: metrics::histogram!(DURATION, "model" => model.to_owned()),
+                requests: Vec::new(),
+            };
+            h.models.insert(model.to_owned(), per);
+        }
+        let per = h.models.get_mut(model).expect("inserted above");
+        let i = match per.requests.iter().position(|(b, s, _)| *s == status && b == backend) {
+            Some(i) => i,
+            None => {
+                let counter = metrics::counter!(REQUESTS, "model" => model.to_owned(),
+                    "backend" => backend.to_owned(), "status" => status.to_string());
+                per.requests.push((backend.to_owned(), status, counter));
+                per.requests.len() - 1
+            }
+        };
+        per.requests[i].2.increment(1);
+        if let Some((ttft, duration)) = times {
+            per.ttft.record(ttft);
+            per.duration.record(duration);
+        }
+    });
+}
+
+/// Counts the prompt tokens that `backend` reported, and how many of them came
+/// from its prompt cache.
+pub fn prompt_reuse(backend: &str, prompt: u64, cached: u64) {
+    HANDLES.with_borrow_mut(|h| {
+        if !h.backends.contains_key(backend) {
+            let counters = [
+                metrics::counter!(BACKEND_PROMPT_TOKENS, "backend" => backend.to_owned()),
+                metrics::counter!(BACKEND_CACHED_TOKENS, "backend" => backend.to_owned()),
+            ];
+            h.backends.insert(backend.to_owned(), counters);
+        }
+        let [p, c] = h.backends.get_mut(backend).expect("inserted above");
+        p.increment(prompt);
+        c.increment(cached);
+    });
+}
+
+/// Counts a routing decision, by its `reason` label.
+pub fn routed(reason: &'static str) {
+    HANDLES.with_borrow_mut(|h| {
+        let i = match h.routing.iter().position(|(r, _)| *r == reason) {
+            Some(i) => i,
+            None => {
+                h.routing.push((reason, metrics::counter!(ROUTING, "reason" => reason)));
+                h.routing.len() - 1
+            }
+        };
+        h.routing[i].1.increment(1);
+    });
 }

@@ -67,6 +67,11 @@ impl Pool {
         &self.backends
     }
 
+    /// Whether the policy routes by a request's affinity key (`cache_aware`).
+    pub fn uses_affinity(&self) -> bool {
+        self.policy == Policy::CacheAware
+    }
+
     /// Whether any backend, healthy or not, serves `model`.
     pub fn knows(&self, model: &str) -> bool {
         self.backends.iter().any(|b| b.serves(model))
@@ -126,7 +131,7 @@ impl Pool {
             } else {
                 backend.claim_unchecked();
             }
-            metrics::counter!(m::ROUTING, "reason" => decision.label()).increment(1);
+            m::routed(decision.label());
             if let (Some(key), true) = (affinity, cache_aware) {
                 self.spills.remember(key, decision, sticky, backend.id);
             }

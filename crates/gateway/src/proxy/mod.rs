@@ -78,7 +78,7 @@ impl Forwarder {
         request_id: &HeaderValue,
         started: Instant,
     ) -> Result<Response, ApiError> {
-        let peek = peek::peek(&body, headers)?;
+        let peek = peek::peek(&body, headers, self.pool.uses_affinity())?;
         let model = peek.model.as_str();
         if !self.pool.knows(model) {
             tracing::info!(request_id = ?request_id, model, "unknown model");
@@ -245,8 +245,6 @@ async fn collect(body: hyper::body::Incoming) -> Result<Bytes, hyper::Error> {
 /// Counts the prompt-cache reuse that `backend` reported in an answer or chunk.
 fn count_reuse(backend: &Backend, bytes: &[u8]) {
     if let Some((prompt, cached)) = crate::usage::scan(bytes) {
-        let url = backend.url();
-        metrics::counter!(m::BACKEND_PROMPT_TOKENS, "backend" => url.to_string()).increment(prompt);
-        metrics::counter!(m::BACKEND_CACHED_TOKENS, "backend" => url.to_string()).increment(cached);
+        m::prompt_reuse(&backend.url(), prompt, cached);
     }
 }

@@ -39,14 +39,11 @@ impl Record {
 
 impl Drop for Record {
     fn drop(&mut self) {
-        let backend = self.backend.as_ref().map_or("none", |b| b.as_str()).to_owned();
-        metrics::counter!(m::REQUESTS, "model" => self.model.clone(), "backend" => backend, "status" => self.status.to_string())
-            .increment(1);
-        if let Some(first) = self.first_byte {
-            metrics::histogram!(m::TTFT, "model" => self.model.clone())
-                .record(first.duration_since(self.started).as_secs_f64());
-            metrics::histogram!(m::DURATION, "model" => std::mem::take(&mut self.model))
-                .record(self.started.elapsed().as_secs_f64());
-        }
+        let backend = self.backend.as_ref().map_or("none", |b| b.as_str());
+        let times = self.first_byte.map(|first| {
+            let ttft = first.duration_since(self.started).as_secs_f64();
+            (ttft, self.started.elapsed().as_secs_f64())
+        });
+        m::request_done(&self.model, backend, self.status, times);
     }
 }
