@@ -1,17 +1,27 @@
 //! The gateway's HTTP routes: the OpenAI endpoints (forwarded), `/v1/models`,
 //! `/health`, `/metrics` and `/admin/backends`. Every error leaves in the OpenAI
 //! envelope, axum's own rejections included.
+//!
+//! The forwarded endpoints are served straight from hyper's request; the rest go
+//! through an axum router. Axum's routing, extractors and response layers cost
+//! a tenth of the proxy's own time per request (see BENCHMARKS.md, gateway
+//! overhead), which only the forwarded endpoints take often enough to matter.
 
 use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{Method, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use hyper::service::Service;
+use hyper_util::service::TowerToHyperService;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
 use slotgate_protocol::{ApiError, ErrorType, Model, ModelList};
@@ -30,12 +40,75 @@ pub struct App {
 
 type Shared = State<Arc<App>>;
 
-/// The routes, with request bodies limited to `max_body_bytes`.
-pub fn router(app: Arc<App>, max_body_bytes: usize) -> Router {
+/// The endpoints forwarded to a backend, by path; POST only.
+const FORWARDED: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
+
+/// The gateway's HTTP service, one per worker thread.
+#[derive(Clone)]
+pub struct Routes {
+    app: Arc<App>,
+    max_body_bytes: usize,
+    router: TowerToHyperService<Router>,
+}
+
+impl Routes {
+    /// The routes, with request bodies limited to `max_body_bytes`.
+    pub fn new(app: Arc<App>, max_body_bytes: usize) -> Self {
+        let router = TowerToHyperService::new(router(app.clone(), max_body_bytes));
+        Self { app, max_body_bytes, router }
+    }
+}
+
+impl Service<Request<Incoming>> for Routes {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn call(&self, request: Request<Incoming>) -> Self::Future {
+        let path = request.uri().path();
+        let forwarded = FORWARDED.into_iter().find(|f| *f == path);
+        match forwarded.filter(|_| request.method() == Method::POST) {
+            Some(path) => {
+                let (app, limit) = (self.app.clone(), self.max_body_bytes);
+                Box::pin(async move { Ok(forward(&app, path, request, limit).await) })
+            }
+            None => {
+                let answer = self.router.call(request);
+                Box::pin(async move { answer.await.map(IntoResponse::into_response) })
+            }
+        }
+    }
+}
+
+/// Reads the body, up to `limit` bytes, and forwards it to `path`.
+async fn forward(
+    app: &App,
+    path: &'static str,
+    request: Request<Incoming>,
+    limit: usize,
+) -> Response {
+    let (head, body) = request.into_parts();
+    match Limited::new(body, limit).collect().await {
+        Ok(body) => app.forwarder.forward(path, &head.headers, body.to_bytes()).await,
+        // Worded as axum's own body rejections, which the other routes give.
+        Err(e) if e.is::<LengthLimitError>() => slotgate_http::rejection_response(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "Failed to buffer the request body: length limit exceeded".into(),
+        ),
+        Err(e) => slotgate_http::rejection_response(
+            StatusCode::BAD_REQUEST,
+            format!("Failed to buffer the request body: {e}"),
+        ),
+    }
+}
+
+/// The routes that are not forwarded. A forwarded endpoint reaches it only with
+/// another method than POST, and answers 405.
+fn router(app: Arc<App>, max_body_bytes: usize) -> Router {
     Router::new()
-        .route("/v1/chat/completions", post(chat))
-        .route("/v1/completions", post(completions))
-        .route("/v1/embeddings", post(embeddings))
+        .route("/v1/chat/completions", post(not_here))
+        .route("/v1/completions", post(not_here))
+        .route("/v1/embeddings", post(not_here))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
@@ -53,30 +126,9 @@ pub fn router(app: Arc<App>, max_body_bytes: usize) -> Router {
         .with_state(app)
 }
 
-type Body = Result<Bytes, BytesRejection>;
-
-async fn chat(
-    State(app): Shared,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, GatewayError> {
-    Ok(app.forwarder.forward("/v1/chat/completions", &headers, body?).await)
-}
-
-async fn completions(
-    State(app): Shared,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, GatewayError> {
-    Ok(app.forwarder.forward("/v1/completions", &headers, body?).await)
-}
-
-async fn embeddings(
-    State(app): Shared,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, GatewayError> {
-    Ok(app.forwarder.forward("/v1/embeddings", &headers, body?).await)
+/// POST to a forwarded endpoint, which [`Routes`] takes before the router.
+async fn not_here() -> GatewayError {
+    GatewayError::Api(ApiError::internal())
 }
 
 /// `GET /v1/models`: the union of what healthy backends serve.
@@ -146,4 +198,56 @@ async fn metrics(State(app): Shared) -> Response {
     }
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], app.metrics.render())
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    use crate::config::GatewayConfig;
+    use crate::server::Gateway;
+
+    /// Forwarded endpoints are served before the router, the rest by it; each
+    /// refusal in the envelope, and a forwarded answer with its request id.
+    #[tokio::test]
+    async fn every_route_answers_in_the_envelope() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let config = GatewayConfig { max_body_bytes: 64, workers: 1, ..GatewayConfig::default() };
+        let gateway = Gateway::serve(listener, config, std::future::pending()).await.unwrap();
+        let base = format!("http://{}", gateway.addr);
+        let client = reqwest::Client::new();
+        let post = |path: &str, body: String| {
+            client
+                .post(format!("{base}{path}"))
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+        };
+        let code = |v: &Value| v["error"]["code"].as_str().map(str::to_owned);
+
+        let big = post("/v1/chat/completions", format!(r#"{{"model":"{}"}}"#, "m".repeat(100)));
+        let big = big.await.unwrap();
+        assert_eq!(big.status(), 413);
+        assert_eq!(code(&big.json().await.unwrap()).as_deref(), Some("request_too_large"));
+
+        for path in ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"] {
+            let small = post(path, r#"{"model":"m"}"#.into()).await.unwrap();
+            assert_eq!(small.status(), 404, "{path}: no backend serves `m`");
+            assert!(small.headers().contains_key(crate::proxy::REQUEST_ID));
+            let v: Value = small.json().await.unwrap();
+            assert_eq!(code(&v).as_deref(), Some("model_not_found"), "{path}: {v}");
+
+            let get = client.get(format!("{base}{path}")).send().await.unwrap();
+            assert_eq!(get.status(), 405, "{path}");
+            assert_eq!(code(&get.json().await.unwrap()).as_deref(), Some("method_not_allowed"));
+        }
+        let bad = post("/v1/completions", "{".into()).await.unwrap();
+        assert_eq!(bad.status(), 400);
+        let nowhere = client.get(format!("{base}/v1/nowhere")).send().await.unwrap();
+        assert_eq!(nowhere.status(), 404);
+        let v: Value = nowhere.json().await.unwrap();
+        assert!(v["error"]["message"].is_string(), "{v}");
+        let health = client.get(format!("{base}/health")).send().await.unwrap();
+        assert_eq!(health.status(), 503, "no backend is healthy");
+    }
 }

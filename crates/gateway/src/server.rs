@@ -6,6 +6,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -16,7 +18,7 @@ use crate::error::GatewayError;
 use crate::pool::Pool;
 use crate::proxy::Forwarder;
 use crate::retry::RetryPolicy;
-use crate::routes::{router, App};
+use crate::routes::{App, Routes};
 use crate::upstream::Upstream;
 
 /// A running gateway. Not `Clone`: it owns the shutdown of everything it started.
@@ -222,15 +224,47 @@ fn serve_worker(listener: std::net::TcpListener, shared: &Shared) -> std::io::Re
             shared.retry.clone(),
         );
         let app = Arc::new(App { forwarder, metrics: shared.metrics.clone() });
-        let app = router(app, shared.max_body_bytes);
-        let serving = axum::serve(listener, app)
-            .with_graceful_shutdown(shared.draining.clone().cancelled_owned());
+        let routes = Routes::new(app, shared.max_body_bytes);
+        let connections = GracefulShutdown::new();
         tokio::select! {
-            result = serving => result,
+            () = accept(&listener, &routes, &connections) => {}
+            () = shared.draining.cancelled() => {}
             // Dropping the runtime below drops the connections still open.
-            () = shared.cut_off.cancelled() => Ok(()),
+            () = shared.cut_off.cancelled() => return Ok(()),
         }
+        // Stop accepting; finish the requests in flight, close idle connections.
+        drop(listener);
+        tokio::select! {
+            () = connections.shutdown() => {}
+            () = shared.cut_off.cancelled() => {}
+        }
+        Ok(())
     })
+}
+
+/// Accepts connections and serves each in a task of this thread, as HTTP/1.1
+/// with no Nagle delay (a stream's small events go out at once).
+async fn accept(listener: &TcpListener, routes: &Routes, connections: &GracefulShutdown) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of descriptors or the like: wait rather than spin.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let connection = hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(stream), routes.clone());
+        let connection = connections.watch(connection);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "connection ended");
+            }
+        });
+    }
 }
 
 #[cfg(test)]
