@@ -248,6 +248,8 @@ async fn accept(listener: &TcpListener, routes: &Routes, connections: &GracefulS
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
+            // One client's connection went away before it was taken: take the next.
+            Err(e) if is_connection_error(&e) => continue,
             Err(e) => {
                 // Out of descriptors or the like: wait rather than spin.
                 tracing::warn!(error = %e, "accept failed");
@@ -265,6 +267,12 @@ async fn accept(listener: &TcpListener, routes: &Routes, connections: &GracefulS
             }
         });
     }
+}
+
+/// An accept error that concerns one connection, not the listener.
+fn is_connection_error(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
+    matches!(e.kind(), ConnectionAborted | ConnectionRefused | ConnectionReset)
 }
 
 #[cfg(test)]
