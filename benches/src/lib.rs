@@ -1,12 +1,13 @@
 //! Benchmarks for slotgate and the systems users would pick instead: a load
 //! generator that speaks the OpenAI API over HTTP ([`load`]), what it reports
 //! ([`stats`]), SVG charts ([`chart`]), result files ([`report`]), the peers a
-//! comparison starts ([`peer`]) and wrk as a second opinion ([`wrk`]). Each comparison is a binary under `src/bin`;
+//! comparison starts ([`peer`], [`nginx`]) and wrk as a second opinion ([`wrk`]). Each comparison is a binary under `src/bin`;
 //! `scripts/bench` installs what it needs and runs it.
 
 pub mod chart;
 pub mod conversation;
 pub mod load;
+pub mod nginx;
 pub mod peer;
 pub mod report;
 pub mod stats;

@@ -15,9 +15,10 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use clap::Parser;
 use serde_json::{json, Value};
+use slotgate_benches::wrk::{run_wrk, WrkRun};
 use slotgate_benches::{
-    by_target, fixed, free_port, ratio, run, Arrival, Bodies, Chart, Load, Output, Peer, Report,
-    Table, Target,
+    by_target, fixed, free_port, nginx, ratio, run, Arrival, Bodies, Chart, Load, Output, Peer,
+    Report, Table, Target,
 };
 use slotgate_tests::Process;
 
@@ -41,7 +42,8 @@ struct Args {
     /// LiteLLM's `litellm` command, from its own virtual environment; skipped without it.
     #[arg(long)]
     litellm: Option<PathBuf>,
-    /// wrk's binary: with it, each path is also measured by wrk (plain requests).
+    /// wrk's binary: with it and nginx, the paths are also measured by wrk, plain and
+    /// streamed, in front of a static nginx backend.
     #[arg(long)]
     wrk: Option<PathBuf>,
     /// Folder for the results.
@@ -69,13 +71,25 @@ async fn fake_backend() -> anyhow::Result<String> {
 }
 
 async fn fake_chat(Json(body): Json<Value>) -> axum::response::Response {
-    let usage = json!({"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13});
     if body["stream"] != Value::Bool(true) {
-        return Json(json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "fake",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": ANSWER}, "logprobs": null, "finish_reason": "stop"}],
-            "usage": usage}))
-        .into_response();
+        return Json(plain_answer()).into_response();
     }
+    ([("content-type", "text/event-stream")], streamed_answer()).into_response()
+}
+
+fn usage() -> Value {
+    json!({"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13})
+}
+
+/// The fixed answer, in one piece.
+fn plain_answer() -> Value {
+    json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "fake",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": ANSWER}, "logprobs": null, "finish_reason": "stop"}],
+        "usage": usage()})
+}
+
+/// The fixed answer as server-sent events: a chunk per word, a usage chunk and `[DONE]`.
+fn streamed_answer() -> String {
     let chunk = |delta: Value, finish: Value| {
         json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0, "model": "fake",
             "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
@@ -93,33 +107,10 @@ async fn fake_chat(Json(body): Json<Value>) -> axum::response::Response {
     events.push_str(&format!("data: {}\n\n", chunk(json!({}), json!("stop"))));
     events.push_str(&format!(
         "data: {}\n\n",
-        json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0, "model": "fake", "choices": [], "usage": usage})
+        json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0, "model": "fake", "choices": [], "usage": usage()})
     ));
     events.push_str("data: [DONE]\n\n");
-    ([("content-type", "text/event-stream")], events).into_response()
-}
-
-async fn start_nginx(nginx: &Path, backend: &str, logs: &Path) -> anyhow::Result<Peer> {
-    let dir = std::env::temp_dir().join(format!("slotgate-bench-nginx-{}", std::process::id()));
-    std::fs::create_dir_all(dir.join("tmp"))?;
-    let port = free_port()?;
-    let upstream = backend.trim_start_matches("http://");
-    let d = dir.display();
-    // A plain reverse proxy, as nginx's documentation sets one up for streaming
-    // upstreams: HTTP/1.1 with kept-alive upstream connections, no buffering.
-    let conf = format!(
-        "worker_processes 2;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
-         events {{ worker_connections 4096; }}\n\
-         http {{\n  access_log off;\n  client_body_temp_path {d}/tmp;\n  proxy_temp_path {d}/tmp;\n\
-           fastcgi_temp_path {d}/tmp;\n  uwsgi_temp_path {d}/tmp;\n  scgi_temp_path {d}/tmp;\n\
-           upstream fake {{ server {upstream}; keepalive 256; }}\n\
-           server {{\n    listen 127.0.0.1:{port};\n    location / {{\n      proxy_pass http://fake;\n\
-               proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n    }}\n  }}\n}}\n"
-    );
-    std::fs::write(dir.join("nginx.conf"), conf)?;
-    let mut command = std::process::Command::new(nginx);
-    command.arg("-p").arg(&dir).arg("-c").arg(dir.join("nginx.conf")).args(["-g", "daemon off;"]);
-    Peer::start("nginx", command, port, "/health", logs, Duration::from_secs(15)).await
+    events
 }
 
 const LITELLM_KEY: &str = "sk-slotgate-bench";
@@ -206,15 +197,12 @@ fn overhead_table(runs: &[PathRun], show_stream: bool) -> Table {
     table
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
-    let logs = args.out.join("logs");
-    let backend = fake_backend().await?;
+/// Starts `slotgate` in front of `backend`, and waits until it routes there.
+async fn start_gateway(backend: &str) -> anyhow::Result<Process> {
     let gateway_bin = slotgate_benches::sibling("slotgate")?;
     let gateway = Process::start_with_env(
         &gateway_bin,
-        &["--listen", "127.0.0.1:0", "--backend", &backend],
+        &["--listen", "127.0.0.1:0", "--backend", backend],
         &[
             ("SLOTGATE_ROUTING__HEALTH_INTERVAL_MS", "200"),
             ("SLOTGATE_ROUTING__HEALTHY_THRESHOLD", "1"),
@@ -222,8 +210,64 @@ async fn main() -> anyhow::Result<()> {
         ],
     );
     slotgate_tests::ready(&reqwest::Client::new(), &gateway, 1).await;
+    Ok(gateway)
+}
+
+/// Seconds of each wrk run.
+const WRK_SECONDS: u64 = 5;
+
+/// wrk against a static nginx backend (one for plain answers, one for streamed),
+/// directly, through slotgate and through nginx as a proxy; at each load the
+/// three paths run one after the other, so that they share the machine's state.
+async fn wrk_static(
+    wrk: &Path,
+    nginx: &Path,
+    clients: &[usize],
+    bodies: &dyn Fn(bool) -> Bodies,
+    logs: &Path,
+) -> anyhow::Result<Vec<WrkRun>> {
+    let mut runs = Vec::new();
+    for stream in [false, true] {
+        let (name, answer, content_type) = if stream {
+            ("static-streamed", streamed_answer(), "text/event-stream")
+        } else {
+            ("static-plain", plain_answer().to_string(), "application/json")
+        };
+        let backend = nginx::start_static(nginx, name, &answer, content_type, 4096, logs).await?;
+        let gateway = start_gateway(&backend.url).await?;
+        let proxy = nginx::start_proxy(nginx, &format!("nginx-{name}"), &backend.url, logs).await?;
+        let targets = [
+            Target::new("direct", format!("{}/v1/chat/completions", backend.url)),
+            Target::new("slotgate", format!("{}/v1/chat/completions", gateway.url)),
+            Target::new("nginx", format!("{}/v1/chat/completions", proxy.url)),
+        ];
+        let body = bodies(stream)(0);
+        for target in &targets {
+            // Warm: connections, and the gateway's view of the backend's slots.
+            run_wrk(wrk, target, &body, 8, Duration::from_secs(1), logs)?;
+        }
+        for &n in clients {
+            for target in &targets {
+                let run = run_wrk(wrk, target, &body, n, Duration::from_secs(WRK_SECONDS), logs)?;
+                eprintln!(
+                    "wrk {} stream={stream} clients={n}: {:.0} req/s, p99 {:.3} ms, errors {}",
+                    target.name, run.requests_per_second, run.p99_ms, run.errors
+                );
+                runs.push(run);
+            }
+        }
+    }
+    Ok(runs)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let logs = args.out.join("logs");
+    let backend = fake_backend().await?;
+    let gateway = start_gateway(&backend).await?;
     let nginx = match &args.nginx {
-        Some(path) => Some(start_nginx(path, &backend, &logs).await?),
+        Some(path) => Some(nginx::start_proxy(path, "nginx", &backend, &logs).await?),
         None => None,
     };
     let litellm = match &args.litellm {
@@ -288,32 +332,15 @@ async fn main() -> anyhow::Result<()> {
             }
         }
     }
-    // wrk's view of the same paths, plain and streamed, after ours.
-    let mut wrk_runs = Vec::new();
-    if let Some(wrk) = &args.wrk {
-        for stream in [false, true] {
-            for &n in &args.clients {
-                for target in &targets {
-                    let run = slotgate_benches::wrk::run_wrk(
-                        wrk,
-                        target,
-                        &bodies(stream)(0),
-                        n,
-                        Duration::from_secs(5),
-                        &logs,
-                    )?;
-                    eprintln!(
-                        "wrk {} stream={stream} clients={n}: {:.0} req/s",
-                        target.name, run.requests_per_second
-                    );
-                    wrk_runs.push(run);
-                }
-            }
-        }
-    }
     drop(litellm);
     drop(nginx);
     drop(gateway);
+    // wrk's view, plain and streamed, against a static backend.
+    let wrk_runs = match (&args.wrk, &args.nginx) {
+        (Some(wrk), Some(nginx)) => wrk_static(wrk, nginx, &args.clients, &bodies, &logs).await?,
+        (Some(_), None) => anyhow::bail!("the wrk runs need nginx, for their static backend"),
+        _ => Vec::new(),
+    };
 
     let mut out = Output::new(&args.out, "gateway-overhead");
     let ours: Vec<PathRun> = reports
@@ -350,7 +377,12 @@ async fn main() -> anyhow::Result<()> {
     }
     out.text(&best.markdown());
     if !wrk_runs.is_empty() {
-        out.text("The same paths measured by wrk (one thread, 5 s per run):\n");
+        out.text(&format!(
+            "The same paths measured by wrk (one thread, {WRK_SECONDS} s per run, the paths \
+             in turn at each load), in front of a static backend (nginx answering every \
+             request with the same bytes, streamed answers in one piece), so that the \
+             backend's own cost does not hide what a proxy adds:\n"
+        ));
         let theirs: Vec<PathRun> = wrk_runs
             .iter()
             .map(|r| PathRun {

@@ -5,6 +5,7 @@
 //! Only failures before anything reached the client are retried; the proxy never
 //! asks about a stream that has started.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -174,13 +175,23 @@ pub struct RetryBudget {
     ratio: f64,
     floor: f64,
     state: Mutex<(f64, Instant)>,
+    /// The balance is at its cap: a deposit would change nothing. Read without
+    /// the lock, so that requests on a healthy fleet, which retry nothing, do not
+    /// all take one lock. A deposit that reads it just before a withdrawal
+    /// clears it is lost: a fraction of one retry, in the budget's favour.
+    full: AtomicBool,
 }
 
 impl RetryBudget {
     /// A budget allowing `ratio` retries per request and `floor` per second.
     pub fn new(ratio: f64, floor: u32) -> Self {
         let floor = f64::from(floor);
-        Self { ratio, floor, state: Mutex::new((floor, Instant::now())) }
+        Self {
+            ratio,
+            floor,
+            state: Mutex::new((floor, Instant::now())),
+            full: AtomicBool::new(false),
+        }
     }
 
     fn cap(&self) -> f64 {
@@ -189,13 +200,20 @@ impl RetryBudget {
 
     /// A request arrived.
     pub fn deposit(&self) {
+        if self.full.load(Ordering::Relaxed) {
+            return;
+        }
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         s.0 = (s.0 + self.ratio).min(self.cap());
+        if s.0 >= self.cap() {
+            self.full.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Takes one retry from the budget, if it has one.
     pub fn withdraw(&self) -> bool {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        self.full.store(false, Ordering::Relaxed);
         let now = Instant::now();
         let refill = now.duration_since(s.1).as_secs_f64() * self.floor;
         s.0 = (s.0 + refill).min(self.cap());
@@ -223,6 +241,22 @@ mod tests {
         }
         assert!(budget.withdraw() && budget.withdraw());
         assert!(!budget.withdraw(), "ten requests at 0.2 allow two retries");
+    }
+
+    /// A budget at its cap skips the lock on deposits, and takes them again once a
+    /// retry is withdrawn.
+    #[test]
+    fn a_full_budget_fills_again_after_a_withdrawal() {
+        let budget = RetryBudget::new(0.5, 0);
+        for _ in 0..1000 {
+            budget.deposit();
+        }
+        let cap = (0..1000).take_while(|_| budget.withdraw()).count();
+        assert_eq!(cap, 60, "the cap: 10 for the floor, 100 requests' worth of ratio");
+        budget.deposit();
+        budget.deposit();
+        assert!(budget.withdraw(), "two deposits at 0.5 after the budget ran dry");
+        assert!(!budget.withdraw());
     }
 
     #[test]

@@ -74,6 +74,23 @@ pub async fn shutdown_signal() {
     tracing::info!("shutdown signal received");
 }
 
+/// How often histogram samples are folded into their buckets.
+const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Folds recorded histogram samples into their buckets every few seconds. The
+/// recorder keeps each sample until then (or until `/metrics` is rendered), and
+/// `install_recorder` starts no task of its own for it: a server nobody scraped
+/// grew by 16 bytes a request (5 MB in 5 s under load).
+fn spawn_upkeep(handle: PrometheusHandle) {
+    let spawned = std::thread::Builder::new().name("metrics-upkeep".into()).spawn(move || loop {
+        std::thread::sleep(UPKEEP_INTERVAL);
+        handle.run_upkeep();
+    });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "no metrics upkeep thread: histograms grow until scraped");
+    }
+}
+
 /// Installs the process's Prometheus recorder once, with latency buckets from
 /// 0.5 ms to 60 s, and returns its handle.
 pub fn prometheus() -> PrometheusHandle {
@@ -88,7 +105,10 @@ pub fn prometheus() -> PrometheusHandle {
                 .set_buckets(&buckets)
                 .unwrap_or_else(|_| PrometheusBuilder::new());
             match builder.install_recorder() {
-                Ok(handle) => handle,
+                Ok(handle) => {
+                    spawn_upkeep(handle.clone());
+                    handle
+                }
                 // Another recorder is installed already: render a private one.
                 Err(_) => PrometheusBuilder::new().build_recorder().handle(),
             }

@@ -8,6 +8,12 @@ use crate::error::{ApiError, ErrorType};
 /// Parses a request body. Malformed JSON and wrong types become a 400 whose `param`
 /// is the path of the offending field.
 pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    // Most bodies are valid: read them without tracking the path, which costs a
+    // visible share of the gateway's time per request, and read a body again
+    // with it only to say where it went wrong.
+    if let Ok(value) = serde_json::from_slice(body) {
+        return Ok(value);
+    }
     let de = &mut serde_json::Deserializer::from_slice(body);
     serde_path_to_error::deserialize(de).map_err(|err| {
         let path = err.path().to_string();

@@ -4,7 +4,7 @@
 //! rather than taking the wake-up and leaving the slot idle until a health poll.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
@@ -31,6 +31,10 @@ pub struct Ticket {
 pub struct Queues {
     queues: Mutex<HashMap<String, VecDeque<Waiter>>>,
     next: AtomicU64,
+    /// Waiters in all queues, changed under the lock and read without it: most
+    /// releases find nobody waiting, and then take no lock that every worker
+    /// thread contends for.
+    waiting: AtomicUsize,
 }
 
 impl Queues {
@@ -61,6 +65,12 @@ impl Queues {
         } else {
             queue.push_back(waiter);
         }
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        drop(queues);
+        // Pairs with the fence in `wake`: the caller looks for a free slot once
+        // more after joining, and a release frees its slot before it reads
+        // `waiting`. Of the two, at least one sees the other.
+        fence(Ordering::SeqCst);
         Some(Ticket { id, woken })
     }
 
@@ -71,12 +81,20 @@ impl Queues {
         let Some(queue) = queues.get_mut(model) else { return false };
         let before = queue.len();
         queue.retain(|w| w.id != id);
-        queue.len() != before
+        let left = queue.len() != before;
+        if left {
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
+        }
+        left
     }
 
     /// Wakes the first live waiter for `model` that may use backend `freed` (any
     /// waiter when `None`). Waiters whose request has gone are dropped on the way.
     pub fn wake(&self, model: &str, freed: Option<usize>) {
+        fence(Ordering::SeqCst);
+        if self.waiting.load(Ordering::Relaxed) == 0 {
+            return;
+        }
         let mut queues = self.lock();
         let Some(queue) = queues.get_mut(model) else { return };
         let mut at = 0;
@@ -84,6 +102,7 @@ impl Queues {
             let waiter = &queue[at];
             if waiter.wake.is_closed() {
                 queue.remove(at);
+                self.waiting.fetch_sub(1, Ordering::Relaxed);
                 continue;
             }
             if freed.is_some_and(|b| waiter.exclude.contains(&b)) {
@@ -91,6 +110,7 @@ impl Queues {
                 continue;
             }
             let waiter = queue.remove(at).expect("index is in bounds");
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
             if waiter.wake.send(freed).is_ok() {
                 return;
             }
@@ -123,6 +143,7 @@ mod tests {
         q.wake("m", Some(1));
         assert_eq!(first.woken.try_recv().unwrap(), Some(1));
         assert_eq!(q.depth("m"), 0);
+        assert_eq!(q.waiting.load(Ordering::Relaxed), 0, "releases may skip the lock again");
     }
 
     #[test]
@@ -133,5 +154,6 @@ mod tests {
         let b = q.join("m", &[], true, 1).unwrap();
         assert!(q.leave("m", b.id));
         assert!(!q.leave("m", b.id), "gone already");
+        assert_eq!(q.waiting.load(Ordering::Relaxed), 1, "`_a` still waits");
     }
 }

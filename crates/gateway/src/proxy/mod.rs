@@ -24,7 +24,7 @@ use crate::error::{api_response, RETRY_AFTER_SECS};
 use crate::metrics as m;
 use crate::pool::{Claim, Pool};
 use crate::retry::{Failure, Next, Outcome, RetryPolicy};
-use crate::upstream::{SendError, Upstream};
+use crate::upstream::{Lease, SendError, Upstream};
 use record::Record;
 use relay::Relay;
 
@@ -59,9 +59,7 @@ impl Forwarder {
             .get(REQUEST_ID)
             .filter(|v| !v.is_empty() && v.len() <= 128 && v.to_str().is_ok())
             .cloned()
-            .unwrap_or_else(|| {
-                HeaderValue::try_from(crate::ids::request_id()).expect("ids are ASCII")
-            });
+            .unwrap_or_else(crate::ids::request_id);
         let mut response = match self.attempts(path, headers, body, &request_id, started).await {
             Ok(response) => response,
             Err(err) => api_response(err),
@@ -152,7 +150,7 @@ impl Forwarder {
     async fn attempt(
         &self,
         claim: Claim,
-        path: &str,
+        path: &'static str,
         headers: &HeaderMap,
         body: &Bytes,
         request_id: &HeaderValue,
@@ -164,7 +162,7 @@ impl Forwarder {
         if let Some(auth) = headers.get(header::AUTHORIZATION) {
             extra.push((header::AUTHORIZATION, auth.clone()));
         }
-        let upstream =
+        let (upstream, lease) =
             self.upstream.post(&backend.url(), path, extra, body.clone()).await.map_err(|e| {
                 tracing::debug!(error = %e, backend = %backend.url(), "no answer");
                 match e {
@@ -174,7 +172,7 @@ impl Forwarder {
             })?;
         let status = upstream.status();
         if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
-            let bytes = collect(upstream.into_body()).await.unwrap_or_default();
+            let bytes = collect(upstream.into_body(), lease).await.unwrap_or_default();
             if crate::retry::is_refusal(status.as_u16(), &bytes) {
                 backend.mark_full();
                 return Err(Failure::SlotUnavailable);
@@ -193,9 +191,9 @@ impl Forwarder {
                     _ => return Err(Failure::BeforeFirstByte),
                 }
             };
-            return Ok((status, Answer::Stream { first, upstream, claim }));
+            return Ok((status, Answer::Stream { first, upstream, lease, claim }));
         }
-        let bytes = collect(upstream).await.map_err(|_| Failure::BrokenBody)?;
+        let bytes = collect(upstream, lease).await.map_err(|_| Failure::BrokenBody)?;
         if status.is_success() {
             count_reuse(backend, &bytes);
         }
@@ -207,8 +205,9 @@ impl Forwarder {
 enum Answer {
     /// A whole body, read before anything is sent.
     Whole(Bytes),
-    /// A stream whose first chunk has arrived; it keeps the claim.
-    Stream { first: Bytes, upstream: hyper::body::Incoming, claim: Claim },
+    /// A stream whose first chunk has arrived; it keeps the claim and the
+    /// connection.
+    Stream { first: Bytes, upstream: hyper::body::Incoming, lease: Lease, claim: Claim },
 }
 
 impl Answer {
@@ -225,9 +224,9 @@ impl Answer {
                 }
                 response
             }
-            Self::Stream { first, upstream, claim } => {
-                let mut response =
-                    Response::new(Body::new(Relay::new(first, upstream, claim, record)));
+            Self::Stream { first, upstream, lease, claim } => {
+                let relay = Relay::new(first, upstream, lease, claim, record);
+                let mut response = Response::new(Body::new(relay));
                 *response.status_mut() = status;
                 let h = response.headers_mut();
                 h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
@@ -238,8 +237,11 @@ impl Answer {
     }
 }
 
-async fn collect(body: hyper::body::Incoming) -> Result<Bytes, hyper::Error> {
-    Ok(body.collect().await?.to_bytes())
+/// Reads a whole answer; its connection is then pooled again.
+async fn collect(body: hyper::body::Incoming, lease: Lease) -> Result<Bytes, hyper::Error> {
+    let bytes = body.collect().await?.to_bytes();
+    lease.release();
+    Ok(bytes)
 }
 
 /// Counts the prompt-cache reuse that `backend` reported in an answer or chunk.

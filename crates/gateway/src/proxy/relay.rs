@@ -1,8 +1,9 @@
 //! A stream being relayed to the client, frame by frame, as an HTTP body of its
 //! own (no stream adapters in between). It holds the slot's claim and the
 //! request's metrics record, so both end when it is dropped: at the end of the
-//! stream or when the client goes away. Dropping the upstream body closes its
-//! connection, which tells the engine to free its slot.
+//! stream or when the client goes away. A stream read to its end gives its
+//! connection back to the pool; one cut short drops it, and the closed connection
+//! tells the engine to free its slot.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -15,11 +16,14 @@ use slotgate_protocol::{sse, ApiError, ErrorType};
 
 use super::record::Record;
 use crate::pool::Claim;
+use crate::upstream::Lease;
 
 /// The rest of an upstream stream whose first chunk has arrived.
 pub struct Relay {
     first: Option<Bytes>,
     upstream: Incoming,
+    /// Taken when the stream ends cleanly, to pool the connection again.
+    lease: Option<Lease>,
     claim: Claim,
     _record: Record,
     ended: bool,
@@ -27,8 +31,15 @@ pub struct Relay {
 
 impl Relay {
     /// Relays `first`, then the rest of `upstream`.
-    pub fn new(first: Bytes, upstream: Incoming, claim: Claim, record: Record) -> Self {
-        Self { first: Some(first), upstream, claim, _record: record, ended: false }
+    pub fn new(
+        first: Bytes,
+        upstream: Incoming,
+        lease: Lease,
+        claim: Claim,
+        record: Record,
+    ) -> Self {
+        let lease = Some(lease);
+        Self { first: Some(first), upstream, lease, claim, _record: record, ended: false }
     }
 }
 
@@ -68,6 +79,9 @@ impl Body for Relay {
                 }
                 Poll::Ready(None) => {
                     this.ended = true;
+                    if let Some(lease) = this.lease.take() {
+                        lease.release();
+                    }
                     return Poll::Ready(None);
                 }
             }
