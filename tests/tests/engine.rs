@@ -57,6 +57,29 @@ async fn non_streamed_request_during_a_stream_waits_and_succeeds() {
     assert!(second.done);
 }
 
+/// What clients written for llama-server, or validating against OpenAI's
+/// schema, expect: the paths without `/v1`, `refusal` in every chat message
+/// (the schema requires it), and a `system_fingerprint`.
+#[tokio::test]
+async fn llama_server_paths_and_the_fields_openai_requires() {
+    let engine = engine(&["--n-parallel", "1", "--ctx-len", "512"]);
+    let client = client();
+    for path in ["/chat/completions", "/v1/chat/completions"] {
+        let (status, chat) =
+            post(&client, &format!("{}{path}", engine.url), &chat_body("Hi", 2, false)).await;
+        assert_eq!(status, 200, "{path}: {chat}");
+        let message = &chat["choices"][0]["message"];
+        assert!(message.get("refusal").is_some_and(Value::is_null), "{path}: {chat}");
+        assert!(chat["system_fingerprint"].as_str().is_some_and(|f| f.starts_with("slotgate-")));
+    }
+    let body = json!({"model": MODEL, "prompt": "One, two,", "max_tokens": 2});
+    let (status, text) = post(&client, &format!("{}/completions", engine.url), &body).await;
+    assert_eq!((status, text["object"].as_str()), (200, Some("text_completion")), "{text}");
+    let models: Value =
+        client.get(format!("{}/models", engine.url)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(models["data"][0]["id"], MODEL);
+}
+
 #[tokio::test]
 async fn full_queue_is_a_clean_503_with_retry_after() {
     let engine = engine(&["--n-parallel", "1", "--ctx-len", "512", "--queue-size", "0"]);

@@ -264,6 +264,24 @@ async fn wrk_static(
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let logs = args.out.join("logs");
+    let bodies = |stream: bool| -> Bodies {
+        Arc::new(move |_| {
+            let mut body = json!({"model": "fake", "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 8, "stream": stream});
+            if stream {
+                body["stream_options"] = json!({"include_usage": true});
+            }
+            body
+        })
+    };
+    // wrk's view, plain and streamed, against a static backend, first: in a run
+    // that put it after LiteLLM's load, slotgate's and nginx's figures were half
+    // of those of a run without LiteLLM, on the same build.
+    let wrk_runs = match (&args.wrk, &args.nginx) {
+        (Some(wrk), Some(nginx)) => wrk_static(wrk, nginx, &args.clients, &bodies, &logs).await?,
+        (Some(_), None) => anyhow::bail!("the wrk runs need nginx, for their static backend"),
+        _ => Vec::new(),
+    };
     let backend = fake_backend().await?;
     let gateway = start_gateway(&backend).await?;
     let nginx = match &args.nginx {
@@ -289,16 +307,6 @@ async fn main() -> anyhow::Result<()> {
     }
 
     let client = reqwest::Client::builder().pool_max_idle_per_host(256).build()?;
-    let bodies = |stream: bool| -> Bodies {
-        Arc::new(move |_| {
-            let mut body = json!({"model": "fake", "messages": [{"role": "user", "content": "hi"}],
-                "max_tokens": 8, "stream": stream});
-            if stream {
-                body["stream_options"] = json!({"include_usage": true});
-            }
-            body
-        })
-    };
     let load = |clients: usize, requests: usize| Load {
         arrival: Arrival::Closed { clients },
         requests,
@@ -335,12 +343,6 @@ async fn main() -> anyhow::Result<()> {
     drop(litellm);
     drop(nginx);
     drop(gateway);
-    // wrk's view, plain and streamed, against a static backend.
-    let wrk_runs = match (&args.wrk, &args.nginx) {
-        (Some(wrk), Some(nginx)) => wrk_static(wrk, nginx, &args.clients, &bodies, &logs).await?,
-        (Some(_), None) => anyhow::bail!("the wrk runs need nginx, for their static backend"),
-        _ => Vec::new(),
-    };
 
     let mut out = Output::new(&args.out, "gateway-overhead");
     let ours: Vec<PathRun> = reports

@@ -173,6 +173,19 @@ impl ModelSettings {
         if self.batch_size < 1 {
             return bad("batch_size", "must be at least 1".into());
         }
+        // llama.cpp reserves one output per sequence in every batch, and aborts
+        // the whole process (`GGML_ASSERT(n_outputs_max <= cparams.n_outputs_max)`)
+        // when a batch cannot hold one token of each slot.
+        if self.batch_size < self.n_parallel {
+            return bad(
+                "batch_size",
+                format!(
+                    "must be at least n_parallel ({}), since each step decodes one token of \
+                     every slot; got {}",
+                    self.n_parallel, self.batch_size
+                ),
+            );
+        }
         if !(0.0..=1.0).contains(&self.slot_prompt_similarity) {
             return bad(
                 "slot_prompt_similarity",
@@ -447,6 +460,10 @@ mod tests {
             let cases = [
                 (with_model(&["--n-parallel", "0"]), "n_parallel: must be between 1 and 256"),
                 (with_model(&["--ctx-len", "4"]), "ctx_len: must be at least 32"),
+                (
+                    with_model(&["--n-parallel", "4", "--batch-size", "3"]),
+                    "batch_size: must be at least n_parallel (4)",
+                ),
                 (
                     with_model(&["--slot-prompt-similarity", "1.5"]),
                     "slot_prompt_similarity: must be between 0 and 1",

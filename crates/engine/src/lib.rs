@@ -12,3 +12,7 @@ pub mod template;
 pub use config::{Cli, EngineConfig, ModelSettings};
 pub use error::EngineError;
 pub use scheduler::Scheduler;
+
+/// The `system_fingerprint` of every answer: the build that produced it, as
+/// llama-server names its own (`b1234-abcdef`).
+pub const SYSTEM_FINGERPRINT: &str = concat!("slotgate-", env!("CARGO_PKG_VERSION"));

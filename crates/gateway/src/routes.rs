@@ -40,8 +40,17 @@ pub struct App {
 
 type Shared = State<Arc<App>>;
 
-/// The endpoints forwarded to a backend, by path; POST only.
-const FORWARDED: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
+/// The endpoints forwarded to a backend, by path, and the path they are sent to;
+/// POST only. The paths without `/v1` are llama-server's aliases, which clients
+/// written for it send.
+const FORWARDED: [(&str, &str); 6] = [
+    ("/v1/chat/completions", "/v1/chat/completions"),
+    ("/v1/completions", "/v1/completions"),
+    ("/v1/embeddings", "/v1/embeddings"),
+    ("/chat/completions", "/v1/chat/completions"),
+    ("/completions", "/v1/completions"),
+    ("/embeddings", "/v1/embeddings"),
+];
 
 /// The gateway's HTTP service, one per worker thread.
 #[derive(Clone)]
@@ -66,7 +75,7 @@ impl Service<Request<Incoming>> for Routes {
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
         let path = request.uri().path();
-        let forwarded = FORWARDED.into_iter().find(|f| *f == path);
+        let forwarded = FORWARDED.into_iter().find(|(alias, _)| *alias == path).map(|(_, to)| to);
         match forwarded.filter(|_| request.method() == Method::POST) {
             Some(path) => {
                 let (app, limit) = (self.app.clone(), self.max_body_bytes);
@@ -109,7 +118,11 @@ fn router(app: Arc<App>, max_body_bytes: usize) -> Router {
         .route("/v1/chat/completions", post(not_here))
         .route("/v1/completions", post(not_here))
         .route("/v1/embeddings", post(not_here))
+        .route("/chat/completions", post(not_here))
+        .route("/completions", post(not_here))
+        .route("/embeddings", post(not_here))
         .route("/v1/models", get(models))
+        .route("/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/admin/backends", get(admin_backends))
@@ -230,7 +243,7 @@ mod tests {
         assert_eq!(big.status(), 413);
         assert_eq!(code(&big.json().await.unwrap()).as_deref(), Some("request_too_large"));
 
-        for path in ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"] {
+        for (path, _) in super::FORWARDED {
             let small = post(path, r#"{"model":"m"}"#.into()).await.unwrap();
             assert_eq!(small.status(), 404, "{path}: no backend serves `m`");
             assert!(small.headers().contains_key(crate::proxy::REQUEST_ID));
@@ -247,6 +260,9 @@ mod tests {
         assert_eq!(nowhere.status(), 404);
         let v: Value = nowhere.json().await.unwrap();
         assert!(v["error"]["message"].is_string(), "{v}");
+        let models: Value =
+            client.get(format!("{base}/models")).send().await.unwrap().json().await.unwrap();
+        assert_eq!(models["object"], "list", "llama-server's alias of /v1/models");
         let health = client.get(format!("{base}/health")).send().await.unwrap();
         assert_eq!(health.status(), 503, "no backend is healthy");
     }

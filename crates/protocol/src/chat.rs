@@ -173,6 +173,17 @@ pub struct AssistantMessage {
     pub role: Role,
     /// The generated text.
     pub content: Option<String>,
+    /// A refusal by the model; OpenAI's schema requires the field, and this
+    /// server never refuses, so it is always null.
+    #[serde(default)]
+    pub refusal: Option<String>,
+}
+
+impl AssistantMessage {
+    /// The model's answer `text`.
+    pub fn text(text: String) -> Self {
+        Self { role: Role::Assistant, content: Some(text), refusal: None }
+    }
 }
 
 /// One choice of a chat answer.

@@ -100,7 +100,7 @@ pub async fn chat(
         object: "chat.completion".into(),
         created,
         model: req.model,
-        system_fingerprint: None,
+        system_fingerprint: Some(crate::SYSTEM_FINGERPRINT.into()),
         choices: done
             .texts
             .into_iter()
@@ -108,7 +108,7 @@ pub async fn chat(
             .enumerate()
             .map(|(i, (text, reason))| ChatChoice {
                 index: i as u32,
-                message: AssistantMessage { role: Role::Assistant, content: Some(text) },
+                message: AssistantMessage::text(text),
                 logprobs: None,
                 finish_reason: Some(reason),
             })
@@ -131,7 +131,7 @@ impl ChatChunks {
             object: "chat.completion.chunk".into(),
             created: self.created,
             model: self.model.clone(),
-            system_fingerprint: None,
+            system_fingerprint: Some(crate::SYSTEM_FINGERPRINT.into()),
             choices,
             usage,
         })
@@ -216,7 +216,7 @@ impl CompletionChunks {
             object: "text_completion".into(),
             created: self.created,
             model: self.model.clone(),
-            system_fingerprint: None,
+            system_fingerprint: Some(crate::SYSTEM_FINGERPRINT.into()),
             choices,
             usage,
         }

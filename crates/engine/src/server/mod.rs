@@ -42,6 +42,11 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/completions", post(generate::completions))
         .route("/v1/embeddings", post(generate::embeddings))
         .route("/v1/models", get(admin::models))
+        // llama-server's aliases, which clients written for it send.
+        .route("/chat/completions", post(generate::chat))
+        .route("/completions", post(generate::completions))
+        .route("/embeddings", post(generate::embeddings))
+        .route("/models", get(admin::models))
         .route("/v1/models/load", post(admin::load))
         .route("/v1/models/unload", post(admin::unload))
         .route("/inferences/llamacpp/loadmodel", post(admin::load))
