@@ -78,6 +78,32 @@ async fn llama_server_paths_and_the_fields_openai_requires() {
     let models: Value =
         client.get(format!("{}/models", engine.url)).send().await.unwrap().json().await.unwrap();
     assert_eq!(models["data"][0]["id"], MODEL);
+
+    // `/tokenize` and `/detokenize`, in llama-server's shapes, round trip.
+    let text = "Hello, world! <start_of_turn>";
+    let tokenize = format!("{}/tokenize", engine.url);
+    let (status, plain) = post(&client, &tokenize, &json!({"content": text})).await;
+    assert_eq!(status, 200, "{plain}");
+    let ids: Vec<i64> =
+        plain["tokens"].as_array().unwrap().iter().map(|t| t.as_i64().unwrap()).collect();
+    assert!(ids.len() >= 4, "{plain}");
+    let (_, bos) = post(&client, &tokenize, &json!({"content": text, "add_special": true})).await;
+    assert_eq!(bos["tokens"].as_array().unwrap().len(), ids.len() + 1, "BOS added: {bos}");
+    let (_, unparsed) =
+        post(&client, &tokenize, &json!({"content": text, "parse_special": false})).await;
+    assert!(unparsed["tokens"].as_array().unwrap().len() > ids.len(), "the marker read as text");
+    let (_, pieces) =
+        post(&client, &tokenize, &json!({"content": text, "with_pieces": true})).await;
+    let joined: String =
+        pieces["tokens"].as_array().unwrap().iter().map(|t| t["piece"].as_str().unwrap()).collect();
+    assert_eq!(joined, text, "{pieces}");
+    let detokenize = format!("{}/detokenize", engine.url);
+    let (status, back) = post(&client, &detokenize, &json!({"tokens": ids})).await;
+    assert_eq!((status, back["content"].as_str()), (200, Some(text)), "{back}");
+    let (status, bad) = post(&client, &detokenize, &json!({"tokens": [1, 99999999]})).await;
+    assert_eq!((status, bad["error"]["param"].as_str()), (400, Some("tokens")), "{bad}");
+    let (status, bad) = post(&client, &tokenize, &json!({"content": "x", "model": "nope"})).await;
+    assert_eq!(status, 404, "{bad}");
 }
 
 #[tokio::test]

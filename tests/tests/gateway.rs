@@ -37,6 +37,10 @@ async fn two_engines_share_the_load_and_slots_are_never_overcommitted() {
     let gw = gateway(&[&a.url, &b.url], &[]);
     let client = client();
     ready(&client, &gw, 2).await;
+    // One model served: llama-server's `/tokenize` needs no `model`, here too.
+    let (status, t) =
+        post(&client, &format!("{}/tokenize", gw.url), &json!({"content": "Hi"})).await;
+    assert!(status == 200 && t["tokens"].as_array().is_some_and(|t| !t.is_empty()), "{t}");
     let url = format!("{}/v1/chat/completions", gw.url);
     let calls: Vec<_> = (0..10)
         .map(|i| {
@@ -160,6 +164,17 @@ async fn requests_for_two_models_go_to_the_engines_that_serve_them() {
     assert_eq!(status, 404);
     assert_eq!(r["error"]["type"], "not_found_error");
     assert!(!r.to_string().contains("127.0.0.1"), "no internals: {r}");
+    // llama-server's tokenizer endpoints go to an engine of the model named, and
+    // without a model only where the gateway serves just one.
+    let tokenize = format!("{}/tokenize", gw.url);
+    let (status, named) =
+        post(&client, &tokenize, &json!({"model": "beta", "content": "Hello"})).await;
+    assert_eq!(status, 200, "{named}");
+    let direct =
+        post(&client, &format!("{}/tokenize", beta.url), &json!({"content": "Hello"})).await;
+    assert_eq!(named, direct.1, "the gateway's answer is the engine's");
+    let (status, r) = post(&client, &tokenize, &json!({"content": "Hello"})).await;
+    assert_eq!((status, r["error"]["param"].as_str()), (400, Some("model")), "{r}");
 }
 
 #[tokio::test]

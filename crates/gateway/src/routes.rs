@@ -42,14 +42,16 @@ type Shared = State<Arc<App>>;
 
 /// The endpoints forwarded to a backend, by path, and the path they are sent to;
 /// POST only. The paths without `/v1` are llama-server's aliases, which clients
-/// written for it send.
-const FORWARDED: [(&str, &str); 6] = [
+/// written for it send; `/tokenize` and `/detokenize` are its own endpoints.
+pub(crate) const FORWARDED: [(&str, &str); 8] = [
     ("/v1/chat/completions", "/v1/chat/completions"),
     ("/v1/completions", "/v1/completions"),
     ("/v1/embeddings", "/v1/embeddings"),
     ("/chat/completions", "/v1/chat/completions"),
     ("/completions", "/v1/completions"),
     ("/embeddings", "/v1/embeddings"),
+    ("/tokenize", "/tokenize"),
+    ("/detokenize", "/detokenize"),
 ];
 
 /// The gateway's HTTP service, one per worker thread.
@@ -121,6 +123,8 @@ fn router(app: Arc<App>, max_body_bytes: usize) -> Router {
         .route("/chat/completions", post(not_here))
         .route("/completions", post(not_here))
         .route("/embeddings", post(not_here))
+        .route("/tokenize", post(not_here))
+        .route("/detokenize", post(not_here))
         .route("/v1/models", get(models))
         .route("/models", get(models))
         .route("/health", get(health))

@@ -13,6 +13,7 @@ pub mod models;
 pub mod parse;
 pub mod slots;
 pub mod sse;
+pub mod tokens;
 pub mod validate;
 
 pub use chat::{
@@ -30,3 +31,6 @@ pub use models::{Model, ModelList};
 pub use parse::parse_json;
 pub use slots::{SlotCounts, SlotStatus};
 pub use sse::{SseDecoder, SseEvent};
+pub use tokens::{
+    DetokenizeRequest, DetokenizeResponse, TokenOut, TokenizeRequest, TokenizeResponse,
+};

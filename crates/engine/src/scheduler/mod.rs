@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 
 pub use embed::Embedded;
 pub use job::{ChoiceUsage, Event, GenParams, Job, JobInput};
-pub use model::ModelSnapshot;
+pub use model::{ModelSnapshot, VocabAnswer, VocabJob, VocabOp};
 
 use crate::config::ModelSettings;
 use crate::error::EngineError;
@@ -37,6 +37,7 @@ const COMMAND_CAPACITY: usize = 1024;
 pub(crate) enum Command {
     Submit(Job),
     Embed(EmbedJob),
+    Vocab(VocabJob),
     Load(ModelSettings, oneshot::Sender<Result<String, EngineError>>),
     Unload(String, oneshot::Sender<Result<(), EngineError>>),
 }
@@ -111,6 +112,20 @@ impl Scheduler {
     ) -> Result<Vec<Embedded>, ApiError> {
         let (reply, rx) = oneshot::channel();
         match self.commands.try_send(Command::Embed(EmbedJob { model, inputs, reply })) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                return Err(ApiError::slot_unavailable("the engine is overloaded; retry later"));
+            }
+            Err(TrySendError::Disconnected(_)) => return Err(EngineError::SchedulerGone.to_api()),
+        }
+        rx.await.map_err(|_| EngineError::SchedulerGone.to_api())?
+    }
+
+    /// Tokenizes or detokenizes with `model`'s vocabulary (the only model's, when
+    /// `None`).
+    pub async fn vocab(&self, model: Option<String>, op: VocabOp) -> Result<VocabAnswer, ApiError> {
+        let (reply, rx) = oneshot::channel();
+        match self.commands.try_send(Command::Vocab(VocabJob { model, op, reply })) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => {
                 return Err(ApiError::slot_unavailable("the engine is overloaded; retry later"));

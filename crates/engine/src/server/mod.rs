@@ -1,10 +1,11 @@
-//! The HTTP side of the engine: OpenAI endpoints, `/health`, `/slots`, `/metrics`
-//! and model loading. Handlers never touch llama.cpp; they talk to the scheduler.
+//! The HTTP side of the engine: OpenAI endpoints, `/health`, `/slots`, `/metrics`,
+//! llama-server's `/tokenize` and `/detokenize`, and model loading. Handlers never touch llama.cpp; they talk to the scheduler.
 
 mod admin;
 mod answer;
 mod body;
 mod generate;
+mod tokens;
 
 use std::future::{Future, IntoFuture};
 use std::net::SocketAddr;
@@ -51,6 +52,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/models/unload", post(admin::unload))
         .route("/inferences/llamacpp/loadmodel", post(admin::load))
         .route("/inferences/llamacpp/unloadmodel", post(admin::unload))
+        .route("/tokenize", post(tokens::tokenize))
+        .route("/detokenize", post(tokens::detokenize))
         .route("/health", get(admin::health))
         .route("/slots", get(admin::slots))
         .route("/metrics", get(admin::metrics))

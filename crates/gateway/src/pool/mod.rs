@@ -77,6 +77,13 @@ impl Pool {
         self.backends.iter().any(|b| b.serves(model))
     }
 
+    /// The one model every backend serves, when the backends serve only one.
+    pub fn only_model(&self) -> Option<String> {
+        let mut models = self.backends.iter().flat_map(|b| b.models().to_vec());
+        let first = models.next()?;
+        models.all(|m| m == first).then_some(first)
+    }
+
     /// Whether a healthy backend outside `exclude` serves `model`.
     pub fn has_other(&self, model: &str, exclude: &[usize]) -> bool {
         self.backends
@@ -230,6 +237,30 @@ mod tests {
 
     use super::*;
     use crate::config::BackendConfig;
+
+    #[test]
+    fn the_only_model_is_the_one_every_backend_serves() {
+        let serving = |models: &[&[&str]]| {
+            let backends = models
+                .iter()
+                .enumerate()
+                .map(|(i, m)| {
+                    let config = BackendConfig {
+                        url: format!("http://x{i}"),
+                        models: Some(m.iter().map(|s| s.to_string()).collect()),
+                        slots: Some(1),
+                        weight: 1,
+                    };
+                    Arc::new(Backend::new(i, &config))
+                })
+                .collect();
+            Pool::new(backends, &Routing::default()).only_model()
+        };
+        assert_eq!(serving(&[&["m"], &["m"]]).as_deref(), Some("m"));
+        assert_eq!(serving(&[&["m"], &["n"]]), None);
+        assert_eq!(serving(&[&["m", "n"]]), None);
+        assert_eq!(serving(&[]), None);
+    }
 
     fn pool(slots: u32, queue_size: u32, timeout_ms: u64) -> Arc<Pool> {
         let config = BackendConfig {

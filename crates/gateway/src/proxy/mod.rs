@@ -76,7 +76,14 @@ impl Forwarder {
         request_id: &HeaderValue,
         started: Instant,
     ) -> Result<Response, ApiError> {
-        let peek = peek::peek(&body, headers, self.pool.uses_affinity())?;
+        let mut peek = peek::peek(&body, headers, self.pool.uses_affinity(), optional(path))?;
+        if peek.model.is_empty() {
+            // llama-server's tokenizer endpoints name no model: the only one, if
+            // there is only one.
+            peek.model = self.pool.only_model().ok_or_else(|| {
+                ApiError::invalid("model", "several models are served here: name one in `model`")
+            })?;
+        }
         let model = peek.model.as_str();
         if !self.pool.knows(model) {
             tracing::info!(request_id = ?request_id, model, "unknown model");
@@ -199,6 +206,11 @@ impl Forwarder {
         }
         Ok((status, Answer::Whole(bytes)))
     }
+}
+
+/// Whether `path` may leave out `model`, as llama-server's own endpoints do.
+fn optional(path: &str) -> bool {
+    matches!(path, "/tokenize" | "/detokenize")
 }
 
 /// What a backend answered.

@@ -6,6 +6,7 @@
 mod admission;
 mod decode;
 mod prompt;
+mod vocab;
 
 use std::collections::VecDeque;
 use std::num::NonZeroU32;
@@ -27,6 +28,7 @@ use super::slot::Slot;
 use crate::config::{ModelSettings, TemplateChoice};
 use crate::error::EngineError;
 use crate::template::ChatTemplate;
+pub use vocab::{VocabAnswer, VocabJob, VocabOp};
 
 /// The contexts of one model: one for generation, whose sequences are the slots,
 /// and one for embeddings when they are enabled.

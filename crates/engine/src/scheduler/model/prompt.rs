@@ -104,19 +104,26 @@ impl ModelRuntime {
         i: usize,
         count: usize,
     ) -> Result<Vec<LlamaToken>, ApiError> {
-        ids.iter()
-            .map(|&id| match i32::try_from(id) {
-                Ok(t) if t < self.n_vocab => Ok(LlamaToken(t)),
-                _ => {
-                    let param = if count > 1 { format!("prompt[{i}]") } else { "prompt".into() };
-                    Err(ApiError::invalid(
-                        param,
-                        format!(
-                            "token id {id} is out of range: the vocabulary has {} tokens",
-                            self.n_vocab
-                        ),
-                    ))
-                }
+        let param = if count > 1 { format!("prompt[{i}]") } else { "prompt".into() };
+        self.token_ids(ids.iter().map(|&id| i64::from(id)), &param)
+    }
+
+    /// `ids` as tokens of this model's vocabulary, or a 400 naming `param`.
+    pub(super) fn token_ids(
+        &self,
+        ids: impl IntoIterator<Item = i64>,
+        param: &str,
+    ) -> Result<Vec<LlamaToken>, ApiError> {
+        ids.into_iter()
+            .map(|id| match i32::try_from(id) {
+                Ok(t) if (0..self.n_vocab).contains(&t) => Ok(LlamaToken(t)),
+                _ => Err(ApiError::invalid(
+                    param,
+                    format!(
+                        "token id {id} is out of range: the vocabulary has {} tokens",
+                        self.n_vocab
+                    ),
+                )),
             })
             .collect()
     }

@@ -1,0 +1,41 @@
+//! `/tokenize` and `/detokenize` in llama-server's shapes, so that tools written
+//! for it (token counters, prompt builders, UIs) work against this engine.
+
+use axum::extract::State;
+use axum::Json;
+use slotgate_protocol::{
+    ApiError, DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
+};
+
+use super::body::JsonBody;
+use super::AppState;
+use crate::error::EngineError;
+use crate::scheduler::{VocabAnswer, VocabOp};
+
+/// `POST /tokenize`.
+pub async fn tokenize(
+    State(state): State<AppState>,
+    JsonBody(req): JsonBody<TokenizeRequest>,
+) -> Result<Json<TokenizeResponse>, EngineError> {
+    let op = VocabOp::Tokenize {
+        content: req.content,
+        add_special: req.add_special,
+        parse_special: req.parse_special,
+        with_pieces: req.with_pieces,
+    };
+    match state.scheduler.vocab(req.model, op).await? {
+        VocabAnswer::Tokens(tokens) => Ok(Json(TokenizeResponse { tokens })),
+        VocabAnswer::Text(_) => Err(ApiError::internal().into()),
+    }
+}
+
+/// `POST /detokenize`.
+pub async fn detokenize(
+    State(state): State<AppState>,
+    JsonBody(req): JsonBody<DetokenizeRequest>,
+) -> Result<Json<DetokenizeResponse>, EngineError> {
+    match state.scheduler.vocab(req.model, VocabOp::Detokenize(req.tokens)).await? {
+        VocabAnswer::Text(content) => Ok(Json(DetokenizeResponse { content })),
+        VocabAnswer::Tokens(_) => Err(ApiError::internal().into()),
+    }
+}
