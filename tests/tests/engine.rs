@@ -104,6 +104,20 @@ async fn llama_server_paths_and_the_fields_openai_requires() {
     assert_eq!((status, bad["error"]["param"].as_str()), (400, Some("tokens")), "{bad}");
     let (status, bad) = post(&client, &tokenize, &json!({"content": "x", "model": "nope"})).await;
     assert_eq!(status, 404, "{bad}");
+
+    // `/apply-template`: the prompt a chat request would decode (the default
+    // model has no template of its own: Gemma's, by its architecture).
+    let apply = format!("{}/apply-template", engine.url);
+    let messages =
+        json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]);
+    let (status, rendered) = post(&client, &apply, &json!({"messages": messages})).await;
+    assert_eq!(status, 200, "{rendered}");
+    assert_eq!(
+        rendered["prompt"],
+        "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+    );
+    let (status, empty) = post(&client, &apply, &json!({"messages": []})).await;
+    assert_eq!((status, empty["error"]["param"].as_str()), (400, Some("messages")), "{empty}");
 }
 
 #[tokio::test]

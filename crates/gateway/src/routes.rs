@@ -42,8 +42,8 @@ type Shared = State<Arc<App>>;
 
 /// The endpoints forwarded to a backend, by path, and the path they are sent to;
 /// POST only. The paths without `/v1` are llama-server's aliases, which clients
-/// written for it send; `/tokenize` and `/detokenize` are its own endpoints.
-pub(crate) const FORWARDED: [(&str, &str); 8] = [
+/// written for it send; `/tokenize`, `/detokenize` and `/apply-template` are its own endpoints.
+pub(crate) const FORWARDED: [(&str, &str); 9] = [
     ("/v1/chat/completions", "/v1/chat/completions"),
     ("/v1/completions", "/v1/completions"),
     ("/v1/embeddings", "/v1/embeddings"),
@@ -52,6 +52,7 @@ pub(crate) const FORWARDED: [(&str, &str); 8] = [
     ("/embeddings", "/v1/embeddings"),
     ("/tokenize", "/tokenize"),
     ("/detokenize", "/detokenize"),
+    ("/apply-template", "/apply-template"),
 ];
 
 /// The gateway's HTTP service, one per worker thread.
@@ -125,6 +126,7 @@ fn router(app: Arc<App>, max_body_bytes: usize) -> Router {
         .route("/embeddings", post(not_here))
         .route("/tokenize", post(not_here))
         .route("/detokenize", post(not_here))
+        .route("/apply-template", post(not_here))
         .route("/v1/models", get(models))
         .route("/models", get(models))
         .route("/health", get(health))

@@ -32,5 +32,6 @@ pub use parse::parse_json;
 pub use slots::{SlotCounts, SlotStatus};
 pub use sse::{SseDecoder, SseEvent};
 pub use tokens::{
-    DetokenizeRequest, DetokenizeResponse, TokenOut, TokenizeRequest, TokenizeResponse,
+    ApplyTemplateRequest, ApplyTemplateResponse, DetokenizeRequest, DetokenizeResponse, TokenOut,
+    TokenizeRequest, TokenizeResponse,
 };

@@ -1,8 +1,10 @@
-//! llama-server's `/tokenize` and `/detokenize` bodies, which tools written for
-//! it (token counters, prompt builders, UIs) send as they are.
+//! llama-server's `/tokenize`, `/detokenize` and `/apply-template` bodies, which
+//! tools written for it (token counters, prompt builders, UIs) send as they are.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+use crate::chat::ChatMessage;
 
 /// `POST /tokenize`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -77,6 +79,23 @@ pub struct DetokenizeRequest {
 pub struct DetokenizeResponse {
     /// The tokens' text, special tokens written out.
     pub content: String,
+}
+
+/// `POST /apply-template`: the prompt a conversation becomes, without generating.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApplyTemplateRequest {
+    /// The model whose template is used; may be left out when one model serves.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// The conversation.
+    pub messages: Vec<ChatMessage>,
+}
+
+/// The answer to `POST /apply-template`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApplyTemplateResponse {
+    /// The rendered prompt, ending with the opening of the assistant's turn.
+    pub prompt: String,
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! The HTTP side of the engine: OpenAI endpoints, `/health`, `/slots`, `/metrics`,
-//! llama-server's `/tokenize` and `/detokenize`, and model loading. Handlers never touch llama.cpp; they talk to the scheduler.
+//! llama-server's `/tokenize`, `/detokenize` and `/apply-template`, and model
+//! loading. Handlers never touch llama.cpp; they talk to the scheduler.
 
 mod admin;
 mod answer;
@@ -54,6 +55,7 @@ pub fn router(state: AppState) -> Router {
         .route("/inferences/llamacpp/unloadmodel", post(admin::unload))
         .route("/tokenize", post(tokens::tokenize))
         .route("/detokenize", post(tokens::detokenize))
+        .route("/apply-template", post(tokens::apply_template))
         .route("/health", get(admin::health))
         .route("/slots", get(admin::slots))
         .route("/metrics", get(admin::metrics))

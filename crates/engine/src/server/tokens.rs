@@ -1,10 +1,12 @@
-//! `/tokenize` and `/detokenize` in llama-server's shapes, so that tools written
-//! for it (token counters, prompt builders, UIs) work against this engine.
+//! `/tokenize`, `/detokenize` and `/apply-template` in llama-server's shapes, so
+//! that tools written for it (token counters, prompt builders, UIs) work against
+//! this engine.
 
 use axum::extract::State;
 use axum::Json;
 use slotgate_protocol::{
-    ApiError, DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
+    ApiError, ApplyTemplateRequest, ApplyTemplateResponse, DetokenizeRequest, DetokenizeResponse,
+    TokenizeRequest, TokenizeResponse,
 };
 
 use super::body::JsonBody;
@@ -36,6 +38,18 @@ pub async fn detokenize(
 ) -> Result<Json<DetokenizeResponse>, EngineError> {
     match state.scheduler.vocab(req.model, VocabOp::Detokenize(req.tokens)).await? {
         VocabAnswer::Text(content) => Ok(Json(DetokenizeResponse { content })),
+        VocabAnswer::Tokens(_) => Err(ApiError::internal().into()),
+    }
+}
+
+/// `POST /apply-template`: the prompt the messages become, as a chat request
+/// would render them.
+pub async fn apply_template(
+    State(state): State<AppState>,
+    JsonBody(req): JsonBody<ApplyTemplateRequest>,
+) -> Result<Json<ApplyTemplateResponse>, EngineError> {
+    match state.scheduler.vocab(req.model, VocabOp::ApplyTemplate(req.messages)).await? {
+        VocabAnswer::Text(prompt) => Ok(Json(ApplyTemplateResponse { prompt })),
         VocabAnswer::Tokens(_) => Err(ApiError::internal().into()),
     }
 }

@@ -210,7 +210,7 @@ impl Forwarder {
 
 /// Whether `path` may leave out `model`, as llama-server's own endpoints do.
 fn optional(path: &str) -> bool {
-    matches!(path, "/tokenize" | "/detokenize")
+    matches!(path, "/tokenize" | "/detokenize" | "/apply-template")
 }
 
 /// What a backend answered.

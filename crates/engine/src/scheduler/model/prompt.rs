@@ -23,10 +23,7 @@ impl ModelRuntime {
         let vocab = model.vocab();
         let prompts: Vec<(Vec<LlamaToken>, String)> = match &job.input {
             JobInput::Chat(messages) => {
-                let text = match self.template.render(messages) {
-                    Some(text) => text,
-                    None => apply_model_template(model, messages)?,
-                };
+                let text = self.render_chat(messages)?;
                 vec![(vocab.tokenize(text.as_bytes(), true, true), text)]
             }
             JobInput::Prompts(items) => {
@@ -96,6 +93,17 @@ impl ModelRuntime {
             }
         }
         Ok(tasks)
+    }
+
+    /// The prompt a conversation becomes with this model's template.
+    pub(super) fn render_chat(
+        &self,
+        messages: &[slotgate_protocol::ChatMessage],
+    ) -> Result<String, ApiError> {
+        match self.template.render(messages) {
+            Some(text) => Ok(text),
+            None => apply_model_template(self.loaded.borrow_owner(), messages),
+        }
     }
 
     fn check_token_ids(

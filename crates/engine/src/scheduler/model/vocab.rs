@@ -1,7 +1,8 @@
-//! llama-server's `/tokenize` and `/detokenize`: a model's vocabulary, used on the
-//! scheduler thread like every other llama.cpp call.
+//! llama-server's `/tokenize`, `/detokenize` and `/apply-template`: a model's
+//! vocabulary and chat template, used on the scheduler thread like every other
+//! llama.cpp call.
 
-use slotgate_protocol::{ApiError, TokenOut};
+use slotgate_protocol::{ApiError, ChatMessage, TokenOut};
 use tokio::sync::oneshot;
 
 use super::ModelRuntime;
@@ -22,6 +23,8 @@ pub enum VocabOp {
     },
     /// Tokens to text.
     Detokenize(Vec<i64>),
+    /// A conversation to the prompt it becomes.
+    ApplyTemplate(Vec<ChatMessage>),
 }
 
 /// The answer to a [`VocabOp`].
@@ -29,7 +32,7 @@ pub enum VocabOp {
 pub enum VocabAnswer {
     /// From `Tokenize`.
     Tokens(Vec<TokenOut>),
-    /// From `Detokenize`.
+    /// From `Detokenize` and `ApplyTemplate`.
     Text(String),
 }
 
@@ -70,6 +73,12 @@ impl ModelRuntime {
                     bytes.extend(vocab.token_to_piece(token, true, None));
                 }
                 Ok(VocabAnswer::Text(String::from_utf8_lossy(&bytes).into_owned()))
+            }
+            VocabOp::ApplyTemplate(messages) => {
+                if messages.is_empty() {
+                    return Err(ApiError::invalid("messages", "messages must not be empty"));
+                }
+                self.render_chat(&messages).map(VocabAnswer::Text)
             }
         }
     }
