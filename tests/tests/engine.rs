@@ -118,6 +118,18 @@ async fn llama_server_paths_and_the_fields_openai_requires() {
     );
     let (status, empty) = post(&client, &apply, &json!({"messages": []})).await;
     assert_eq!((status, empty["error"]["param"].as_str()), (400, Some("messages")), "{empty}");
+    // `/props`, in llama-server's shape.
+    let (status, props) = get(&client, &format!("{}/props", engine.url)).await;
+    assert_eq!(status, 200, "{props}");
+    assert_eq!(props["total_slots"], 1);
+    assert_eq!(props["default_generation_settings"]["n_ctx"], 512);
+    assert_eq!(
+        (props["chat_template_name"].as_str(), props["chat_template"].as_str()),
+        (Some("gemma"), Some(""))
+    );
+    assert_eq!(props["model_alias"], MODEL);
+    let (status, _) = get(&client, &format!("{}/props?model=nope", engine.url)).await;
+    assert_eq!(status, 404);
 }
 
 #[tokio::test]

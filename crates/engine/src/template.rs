@@ -43,6 +43,17 @@ impl ChatTemplate {
         }
     }
 
+    /// Its name, as `/props` shows it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Gemma => "gemma",
+            Self::ChatMl => "chatml",
+            Self::Llama3 => "llama3",
+            Self::Prompts { .. } => "prompts",
+            Self::Model => "model",
+        }
+    }
+
     /// The names `by_name` accepts, for error messages.
     pub const NAMES: &'static str = "auto, gemma, chatml, llama3, model";
 

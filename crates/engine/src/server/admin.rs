@@ -1,4 +1,5 @@
-//! `/v1/models`, model loading and unloading, `/health`, `/slots`, `/metrics`.
+//! `/v1/models`, model loading and unloading, `/health`, `/slots`, `/props`,
+//! `/metrics`.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -32,6 +33,47 @@ pub async fn health(State(state): State<AppState>) -> Response {
     }
     let message = if snapshot.loading > 0 { "Loading model" } else { "no model is loaded" };
     api_response(ApiError::new(ErrorType::UnavailableError, message))
+}
+
+/// Query of `GET /props`.
+#[derive(Debug, Deserialize)]
+pub struct PropsQuery {
+    model: Option<String>,
+}
+
+/// `GET /props`: a model's settings in llama-server's shape (`total_slots`,
+/// `default_generation_settings.n_ctx`, `chat_template`...), for tools written
+/// for it. `model` may be left out while one model serves. `chat_template` is the
+/// GGUF's own template, empty when it has none; `chat_template_name` says which
+/// template renders chats.
+pub async fn props(State(state): State<AppState>, Query(q): Query<PropsQuery>) -> Response {
+    let snapshot = state.scheduler.snapshot();
+    let model = match (&q.model, snapshot.models.as_slice()) {
+        (Some(name), models) => match models.iter().find(|m| &m.id == name) {
+            Some(model) => model,
+            None => return api_response(ApiError::model_not_found(name)),
+        },
+        (None, [model]) => model,
+        (None, []) => {
+            return api_response(ApiError::new(ErrorType::UnavailableError, "no model is loaded"))
+        }
+        (None, models) => {
+            let message = format!("{} models are loaded: name one with ?model=", models.len());
+            return api_response(ApiError::invalid("model", message));
+        }
+    };
+    let info = &model.info;
+    Json(json!({
+        "default_generation_settings": {"n_ctx": info.ctx_len},
+        "total_slots": info.n_parallel,
+        "model_alias": model.id,
+        "model_path": info.path,
+        "modalities": {"vision": false, "audio": false},
+        "chat_template": info.gguf_template,
+        "chat_template_name": info.template_name,
+        "build_info": crate::SYSTEM_FINGERPRINT,
+    }))
+    .into_response()
 }
 
 /// Query of `GET /slots`.

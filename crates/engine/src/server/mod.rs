@@ -1,6 +1,6 @@
 //! The HTTP side of the engine: OpenAI endpoints, `/health`, `/slots`, `/metrics`,
-//! llama-server's `/tokenize`, `/detokenize` and `/apply-template`, and model
-//! loading. Handlers never touch llama.cpp; they talk to the scheduler.
+//! llama-server's `/props`, `/tokenize`, `/detokenize` and `/apply-template`, and
+//! model loading. Handlers never touch llama.cpp; they talk to the scheduler.
 
 mod admin;
 mod answer;
@@ -58,6 +58,7 @@ pub fn router(state: AppState) -> Router {
         .route("/apply-template", post(tokens::apply_template))
         .route("/health", get(admin::health))
         .route("/slots", get(admin::slots))
+        .route("/props", get(admin::props))
         .route("/metrics", get(admin::metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

@@ -47,11 +47,28 @@ self_cell::self_cell!(
     }
 );
 
-/// What `/slots`, `/v1/models` and `/metrics` show of a model.
+/// What does not change while a model is loaded, for `/props`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelInfo {
+    /// The GGUF file.
+    pub path: String,
+    /// Tokens of context per slot.
+    pub ctx_len: u32,
+    /// Slots.
+    pub n_parallel: u32,
+    /// The template in use: `gemma`, `chatml`, `llama3`, `prompts` or `model`.
+    pub template_name: &'static str,
+    /// The GGUF's own Jinja template, when it has one; else empty.
+    pub gguf_template: String,
+}
+
+/// What `/slots`, `/v1/models`, `/props` and `/metrics` show of a model.
 #[derive(Debug, Clone)]
 pub struct ModelSnapshot {
     /// The name clients send.
     pub id: String,
+    /// What does not change while it is loaded.
+    pub info: std::sync::Arc<ModelInfo>,
     /// Unix seconds when it was loaded.
     pub created: u64,
     /// Every slot.
@@ -63,6 +80,7 @@ pub struct ModelSnapshot {
 /// A model being served.
 pub(crate) struct ModelRuntime {
     pub id: String,
+    info: std::sync::Arc<ModelInfo>,
     settings: ModelSettings,
     created: u64,
     template: ChatTemplate,
@@ -97,6 +115,17 @@ impl ModelRuntime {
         if template == ChatTemplate::Model && model.chat_template(None).is_err() {
             return Err(load_err("chat_template `model`: the GGUF has no chat template".into()));
         }
+        let info = std::sync::Arc::new(ModelInfo {
+            path: path.display().to_string(),
+            ctx_len: settings.ctx_len,
+            n_parallel: settings.n_parallel,
+            template_name: template.name(),
+            gguf_template: model
+                .chat_template(None)
+                .ok()
+                .and_then(|t| t.to_string().ok())
+                .unwrap_or_default(),
+        });
         let n_parallel = settings.n_parallel;
         let threads = settings.threads() as i32;
         let ctx_params = LlamaContextParams::default()
@@ -122,6 +151,7 @@ impl ModelRuntime {
         tracing::info!(model = %id, ?template, n_parallel, ctx_len = settings.ctx_len, "model loaded");
         Ok(Self {
             id,
+            info,
             created,
             template,
             n_vocab,
@@ -194,6 +224,7 @@ impl ModelRuntime {
             .collect();
         ModelSnapshot {
             id: self.id.clone(),
+            info: self.info.clone(),
             created: self.created,
             slots,
             queue_depth: self.queue.len(),
