@@ -337,6 +337,11 @@ async fn context_limits_prompt_too_long_and_generation_to_the_end() {
     assert_envelope(&r, "exceed_context_size_error");
     let message = r["error"]["message"].as_str().unwrap();
     assert!(message.contains("202 tokens") && message.contains("holds 64"), "{message}");
+    // llama-server's two fields, which clients read to trim the prompt.
+    assert_eq!(
+        (r["error"]["n_prompt_tokens"].as_u64(), r["error"]["n_ctx"].as_u64()),
+        (Some(202), Some(64))
+    );
 
     // With no max_tokens limit, generation stops at the end of the slot's context.
     let body = json!({"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 1000, "temperature": 0});

@@ -57,12 +57,25 @@ pub struct ApiError {
     pub param: Option<String>,
     /// A machine-readable code such as `slot_unavailable`.
     pub code: Option<String>,
+    /// For a prompt longer than the context: both sizes, beside the other
+    /// fields, as llama-server sends them.
+    #[serde(flatten)]
+    pub context: Option<ContextSize>,
+}
+
+/// The sizes of a prompt that does not fit, in tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContextSize {
+    /// Tokens of the prompt.
+    pub n_prompt_tokens: u32,
+    /// Tokens the context holds.
+    pub n_ctx: u32,
 }
 
 impl ApiError {
     /// An error of the given type with no parameter or code.
     pub fn new(kind: ErrorType, message: impl Into<String>) -> Self {
-        Self { message: message.into(), kind, param: None, code: None }
+        Self { message: message.into(), kind, param: None, code: None, context: None }
     }
 
     /// A 400 naming the parameter at fault.
@@ -96,6 +109,12 @@ impl ApiError {
     /// Sets `code`.
     pub fn with_code(mut self, code: impl Into<String>) -> Self {
         self.code = Some(code.into());
+        self
+    }
+
+    /// Sets the sizes of a prompt that does not fit.
+    pub fn with_context(mut self, n_prompt_tokens: u32, n_ctx: u32) -> Self {
+        self.context = Some(ContextSize { n_prompt_tokens, n_ctx });
         self
     }
 

@@ -26,7 +26,7 @@ pub use embeddings::{
     Embedding, EmbeddingInput, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage,
     EmbeddingVector, EncodingFormat,
 };
-pub use error::{ApiError, ErrorEnvelope, ErrorType, SLOT_UNAVAILABLE};
+pub use error::{ApiError, ContextSize, ErrorEnvelope, ErrorType, SLOT_UNAVAILABLE};
 pub use models::{Model, ModelList};
 pub use parse::parse_json;
 pub use slots::{SlotCounts, SlotStatus};

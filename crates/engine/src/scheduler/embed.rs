@@ -72,7 +72,8 @@ pub(crate) fn run(
                     tokens.len()
                 ),
             )
-            .with_param(param(i)));
+            .with_param(param(i))
+            .with_context(tokens.len() as u32, ctx_len as u32));
         }
         let mut batch = LlamaBatch::new(tokens.len(), 1);
         for (pos, &token) in tokens.iter().enumerate() {

@@ -66,7 +66,8 @@ impl ModelRuntime {
                 } else {
                     "prompt"
                 })
-                .with_code("context_length_exceeded"));
+                .with_code("context_length_exceeded")
+                .with_context(tokens.len() as u32, ctx_len as u32));
             }
         }
         let params = Arc::new(job.params);
