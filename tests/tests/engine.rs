@@ -72,6 +72,14 @@ async fn llama_server_paths_and_the_fields_openai_requires() {
         assert!(message.get("refusal").is_some_and(Value::is_null), "{path}: {chat}");
         assert!(chat["system_fingerprint"].as_str().is_some_and(|f| f.starts_with("slotgate-")));
     }
+    // No `model`: the only one loaded, as llama-server serves what it has.
+    let (status, unnamed) = post(
+        &client,
+        &format!("{}/v1/chat/completions", engine.url),
+        &json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}),
+    )
+    .await;
+    assert_eq!((status, unnamed["model"].as_str()), (200, Some(MODEL)), "{unnamed}");
     let body = json!({"model": MODEL, "prompt": "One, two,", "max_tokens": 2});
     let (status, text) = post(&client, &format!("{}/completions", engine.url), &body).await;
     assert_eq!((status, text["object"].as_str()), (200, Some("text_completion")), "{text}");

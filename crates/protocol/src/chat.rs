@@ -129,7 +129,9 @@ pub struct ResponseFormat {
 /// accepted and ignored, as OpenAI-compatible servers do.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatCompletionRequest {
-    /// The model to use.
+    /// The model to use; left out (empty), the only one served, as llama-server
+    /// takes it.
+    #[serde(default)]
     pub model: String,
     /// The conversation so far.
     pub messages: Vec<ChatMessage>,

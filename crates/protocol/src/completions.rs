@@ -43,7 +43,8 @@ impl Prompt {
 /// The body of `POST /v1/completions`. Unknown fields are accepted and ignored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CompletionRequest {
-    /// The model to use.
+    /// The model to use; left out (empty), the only one served.
+    #[serde(default)]
     pub model: String,
     /// The prompt or prompts.
     pub prompt: Prompt,

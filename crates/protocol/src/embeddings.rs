@@ -31,7 +31,8 @@ pub enum EncodingFormat {
 /// The body of `POST /v1/embeddings`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EmbeddingRequest {
-    /// The model to use.
+    /// The model to use; left out (empty), the only one served.
+    #[serde(default)]
     pub model: String,
     /// What to embed.
     pub input: EmbeddingInput,

@@ -58,7 +58,8 @@ fn invalid_chat_requests() {
         (chat(r#","top_k":-2"#), Some("top_k"), "top_k must be at least 0"),
         (r#"{"model":"m","messages":[]}"#.into(), Some("messages"), "at least one message"),
         (r#"{"model":"m"}"#.into(), Some("messages"), "missing field `messages`"),
-        (r#"{"messages":[{"role":"user","content":"x"}]}"#.into(), Some("model"), "missing field `model`"),
+        // A missing model reads as empty (a server fills in its only model first).
+        (r#"{"messages":[{"role":"user","content":"x"}]}"#.into(), Some("model"), "model must not be empty"),
         (r#"{"model":"","messages":[{"role":"user","content":"x"}]}"#.into(), Some("model"), "model must not be empty"),
         (r#"{"model":"m","messages":[{"role":"robot","content":"x"}]}"#.into(), Some("messages[0].role"), "robot"),
         (r#"{"model":"m","messages":[{"role":"user"}]}"#.into(), Some("messages[0].content"), "required for user"),

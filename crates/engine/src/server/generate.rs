@@ -9,7 +9,7 @@ use slotgate_protocol::{
     sse, ApiError, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk,
     ChatCompletionRequest, ChunkChoice, Completion, CompletionChoice, CompletionRequest, Delta,
     Embedding, EmbeddingInput, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage,
-    EmbeddingVector, FinishReason, PromptItem, Role, Usage,
+    EmbeddingVector, ErrorType, FinishReason, PromptItem, Role, Usage,
 };
 
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -73,11 +73,31 @@ fn keepalive(state: &AppState) -> Option<Duration> {
     (ms > 0).then(|| Duration::from_millis(ms))
 }
 
+/// A request that names no model gets the only one loaded, as llama-server
+/// serves whatever it names; with several loaded it must name one.
+fn resolve_model(state: &AppState, model: &mut String) -> Result<(), ApiError> {
+    if !model.is_empty() {
+        return Ok(());
+    }
+    match state.scheduler.snapshot().models.as_slice() {
+        [only] => {
+            model.clone_from(&only.id);
+            Ok(())
+        }
+        [] => Err(ApiError::new(ErrorType::UnavailableError, "no model is loaded")),
+        models => Err(ApiError::invalid(
+            "model",
+            format!("{} models are loaded: name one in `model`", models.len()),
+        )),
+    }
+}
+
 /// `POST /v1/chat/completions`.
 pub async fn chat(
     State(state): State<AppState>,
-    JsonBody(req): JsonBody<ChatCompletionRequest>,
+    JsonBody(mut req): JsonBody<ChatCompletionRequest>,
 ) -> Result<Response, EngineError> {
+    resolve_model(&state, &mut req.model)?;
     req.validate().map_err(|e| fail(&req.model, e))?;
     let params = GenParams::from_sampling(&req.sampling, req.max_tokens());
     let shape = Shape { choices: params.n, n: params.n };
@@ -164,8 +184,9 @@ impl ChunkWriter for ChatChunks {
 /// `POST /v1/completions`.
 pub async fn completions(
     State(state): State<AppState>,
-    JsonBody(req): JsonBody<CompletionRequest>,
+    JsonBody(mut req): JsonBody<CompletionRequest>,
 ) -> Result<Response, EngineError> {
+    resolve_model(&state, &mut req.model)?;
     req.validate().map_err(|e| fail(&req.model, e))?;
     let max_tokens = req.max_tokens.unwrap_or(COMPLETION_DEFAULT_MAX_TOKENS);
     let mut params = GenParams::from_sampling(&req.sampling, Some(max_tokens));
@@ -244,8 +265,9 @@ impl ChunkWriter for CompletionChunks {
 /// `POST /v1/embeddings`.
 pub async fn embeddings(
     State(state): State<AppState>,
-    JsonBody(req): JsonBody<EmbeddingRequest>,
+    JsonBody(mut req): JsonBody<EmbeddingRequest>,
 ) -> Result<Response, EngineError> {
+    resolve_model(&state, &mut req.model)?;
     req.validate().map_err(|e| fail(&req.model, e))?;
     let inputs = match &req.input {
         EmbeddingInput::Text(s) => vec![PromptItem::Text(s.clone())],

@@ -76,10 +76,10 @@ impl Forwarder {
         request_id: &HeaderValue,
         started: Instant,
     ) -> Result<Response, ApiError> {
-        let mut peek = peek::peek(&body, headers, self.pool.uses_affinity(), optional(path))?;
+        let mut peek = peek::peek(&body, headers, self.pool.uses_affinity())?;
         if peek.model.is_empty() {
-            // llama-server's tokenizer endpoints name no model: the only one, if
-            // there is only one.
+            // Clients written for llama-server name no model: the only one, if
+            // there is only one. The backend, serving just that one, does the same.
             peek.model = self.pool.only_model().ok_or_else(|| {
                 ApiError::invalid("model", "several models are served here: name one in `model`")
             })?;
@@ -206,11 +206,6 @@ impl Forwarder {
         }
         Ok((status, Answer::Whole(bytes)))
     }
-}
-
-/// Whether `path` may leave out `model`, as llama-server's own endpoints do.
-fn optional(path: &str) -> bool {
-    matches!(path, "/tokenize" | "/detokenize" | "/apply-template")
 }
 
 /// What a backend answered.

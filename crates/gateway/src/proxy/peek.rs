@@ -40,14 +40,9 @@ struct Keyed {
 /// Reads `body`, or says why it cannot be routed, in one pass that builds only
 /// the fields it reads: a whole body as a `serde_json::Value` was the largest
 /// cost of the proxy's own work. The affinity key is derived only when
-/// `affinity` is asked for. A missing model is an error unless `optional`; then
-/// it is left empty.
-pub fn peek(
-    body: &[u8],
-    headers: &HeaderMap,
-    affinity: bool,
-    optional: bool,
-) -> Result<Peek, ApiError> {
+/// `affinity` is asked for. A missing model is left empty, for the caller to
+/// fill in when only one model is served.
+pub fn peek(body: &[u8], headers: &HeaderMap, affinity: bool) -> Result<Peek, ApiError> {
     let (model, stream, keyed) = if affinity {
         let k: Keyed = slotgate_protocol::parse_json(body)?;
         let mut fields = serde_json::Map::new();
@@ -67,10 +62,9 @@ pub fn peek(
         (head.model, head.stream, None)
     };
     let model = match model {
-        Some(Value::String(m)) if !m.is_empty() => m,
-        Some(_) => return Err(ApiError::invalid("model", "model must be a non-empty string")),
-        None if optional => String::new(),
-        None => return Err(ApiError::invalid("model", "missing field `model`")),
+        Some(Value::String(m)) => m,
+        Some(_) => return Err(ApiError::invalid("model", "model must be a string")),
+        None => String::new(),
     };
     let affinity = keyed.and_then(|v| crate::affinity::key(&model, &v, headers));
     let stream = stream.as_ref().and_then(Value::as_bool).unwrap_or(false);
@@ -86,22 +80,17 @@ mod tests {
         let h = HeaderMap::new();
         for affinity in [false, true] {
             let body = br#"{"model":"m","stream":true,"extra":{"kept":1},"prompt":"p"}"#;
-            let p = peek(body, &h, affinity, false).unwrap();
+            let p = peek(body, &h, affinity).unwrap();
             assert_eq!((p.model.as_str(), p.stream, p.affinity.is_some()), ("m", true, affinity));
-            let p = peek(br#"{"model":"m","stream":"yes"}"#, &h, affinity, false).unwrap();
+            let p = peek(br#"{"model":"m","stream":"yes"}"#, &h, affinity).unwrap();
             assert!(!p.stream, "a stream that is not a boolean is not a stream");
-            let missing = peek(br#"{"stream":true}"#, &h, affinity, false).unwrap_err();
-            assert_eq!(missing.param.as_deref(), Some("model"));
-            let wrong = peek(br#"{"model":5}"#, &h, affinity, false).unwrap_err();
+            let missing = peek(br#"{"stream":true}"#, &h, affinity).unwrap();
+            assert_eq!(missing.model, "", "left for the pool's only model");
+            let wrong = peek(br#"{"model":5}"#, &h, affinity).unwrap_err();
             assert_eq!(wrong.param.as_deref(), Some("model"));
             // Broken JSON after the two fields is still refused, not skipped.
-            assert_eq!(
-                peek(br#"{"model":"m","x":[1,}"#, &h, affinity, false).unwrap_err().status(),
-                400
-            );
-            assert_eq!(peek(b"{", &h, affinity, false).unwrap_err().status(), 400);
-            let optional = peek(br#"{"content":"x"}"#, &h, affinity, true).unwrap();
-            assert_eq!(optional.model, "", "left for the pool's only model");
+            assert_eq!(peek(br#"{"model":"m","x":[1,}"#, &h, affinity).unwrap_err().status(), 400);
+            assert_eq!(peek(b"{", &h, affinity).unwrap_err().status(), 400);
         }
     }
 
@@ -128,7 +117,7 @@ mod tests {
         for body in bodies {
             let bytes = serde_json::to_vec(&body).unwrap();
             let whole = crate::affinity::key("m", &body, &h);
-            assert_eq!(peek(&bytes, &h, true, false).unwrap().affinity, whole, "{body}");
+            assert_eq!(peek(&bytes, &h, true).unwrap().affinity, whole, "{body}");
         }
     }
 }
