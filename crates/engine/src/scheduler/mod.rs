@@ -61,6 +61,27 @@ pub struct Snapshot {
     pub loading: u32,
 }
 
+impl Snapshot {
+    /// The model named, or the only one loaded when none is named (as llama-server
+    /// serves whatever a request names).
+    pub fn pick(&self, model: Option<&str>) -> Result<&ModelSnapshot, ApiError> {
+        match (model, self.models.as_slice()) {
+            (Some(name), models) => {
+                models.iter().find(|m| m.id == name).ok_or_else(|| ApiError::model_not_found(name))
+            }
+            (None, [only]) => Ok(only),
+            (None, []) => Err(ApiError::new(
+                slotgate_protocol::ErrorType::UnavailableError,
+                "no model is loaded",
+            )),
+            (None, models) => Err(ApiError::invalid(
+                "model",
+                format!("{} models are loaded: name one in `model`", models.len()),
+            )),
+        }
+    }
+}
+
 /// A handle to the scheduler thread. Cheap to clone; the thread stops when the last
 /// handle is dropped and its running work is done.
 #[derive(Clone)]
@@ -111,21 +132,25 @@ impl Scheduler {
         inputs: Vec<slotgate_protocol::PromptItem>,
     ) -> Result<Vec<Embedded>, ApiError> {
         let (reply, rx) = oneshot::channel();
-        match self.commands.try_send(Command::Embed(EmbedJob { model, inputs, reply })) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) => {
-                return Err(ApiError::slot_unavailable("the engine is overloaded; retry later"));
-            }
-            Err(TrySendError::Disconnected(_)) => return Err(EngineError::SchedulerGone.to_api()),
-        }
-        rx.await.map_err(|_| EngineError::SchedulerGone.to_api())?
+        self.ask(Command::Embed(EmbedJob { model, inputs, reply }), rx).await
     }
 
-    /// Tokenizes or detokenizes with `model`'s vocabulary (the only model's, when
-    /// `None`).
+    /// Tokenizes, detokenizes or renders a chat with `model`'s vocabulary and
+    /// template (the only model's, when `None`).
     pub async fn vocab(&self, model: Option<String>, op: VocabOp) -> Result<VocabAnswer, ApiError> {
+        let model = self.snapshot().pick(model.as_deref())?.id.clone();
         let (reply, rx) = oneshot::channel();
-        match self.commands.try_send(Command::Vocab(VocabJob { model, op, reply })) {
+        self.ask(Command::Vocab(VocabJob { model, op, reply }), rx).await
+    }
+
+    /// Sends `cmd`, whose answer comes back on `rx`; refused at once when the
+    /// thread's channel is full.
+    async fn ask<T>(
+        &self,
+        cmd: Command,
+        rx: oneshot::Receiver<Result<T, ApiError>>,
+    ) -> Result<T, ApiError> {
+        match self.commands.try_send(cmd) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => {
                 return Err(ApiError::slot_unavailable("the engine is overloaded; retry later"));

@@ -121,20 +121,9 @@ impl Worker {
                 let _ = job.reply.send(result);
             }
             Command::Vocab(job) => {
-                let result = match (&job.model, self.models.as_slice()) {
-                    (Some(name), models) => match models.iter().find(|m| &m.id == name) {
-                        Some(model) => model.vocab_op(job.op),
-                        None => Err(ApiError::model_not_found(name)),
-                    },
-                    (None, [model]) => model.vocab_op(job.op),
-                    (None, []) => Err(ApiError::new(
-                        slotgate_protocol::ErrorType::UnavailableError,
-                        "no model is loaded",
-                    )),
-                    (None, models) => Err(ApiError::invalid(
-                        "model",
-                        format!("{} models are loaded: name one in `model`", models.len()),
-                    )),
+                let result = match self.models.iter().find(|m| m.id == job.model) {
+                    Some(model) => model.vocab_op(job.op),
+                    None => Err(ApiError::model_not_found(&job.model)),
                 };
                 let _ = job.reply.send(result);
             }

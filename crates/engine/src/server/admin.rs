@@ -48,19 +48,9 @@ pub struct PropsQuery {
 /// template renders chats.
 pub async fn props(State(state): State<AppState>, Query(q): Query<PropsQuery>) -> Response {
     let snapshot = state.scheduler.snapshot();
-    let model = match (&q.model, snapshot.models.as_slice()) {
-        (Some(name), models) => match models.iter().find(|m| &m.id == name) {
-            Some(model) => model,
-            None => return api_response(ApiError::model_not_found(name)),
-        },
-        (None, [model]) => model,
-        (None, []) => {
-            return api_response(ApiError::new(ErrorType::UnavailableError, "no model is loaded"))
-        }
-        (None, models) => {
-            let message = format!("{} models are loaded: name one with ?model=", models.len());
-            return api_response(ApiError::invalid("model", message));
-        }
+    let model = match snapshot.pick(q.model.as_deref()) {
+        Ok(model) => model,
+        Err(err) => return api_response(err),
     };
     let info = &model.info;
     Json(json!({

@@ -9,7 +9,7 @@ use slotgate_protocol::{
     sse, ApiError, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk,
     ChatCompletionRequest, ChunkChoice, Completion, CompletionChoice, CompletionRequest, Delta,
     Embedding, EmbeddingInput, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage,
-    EmbeddingVector, ErrorType, FinishReason, PromptItem, Role, Usage,
+    EmbeddingVector, FinishReason, PromptItem, Role, Usage,
 };
 
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -76,20 +76,10 @@ fn keepalive(state: &AppState) -> Option<Duration> {
 /// A request that names no model gets the only one loaded, as llama-server
 /// serves whatever it names; with several loaded it must name one.
 fn resolve_model(state: &AppState, model: &mut String) -> Result<(), ApiError> {
-    if !model.is_empty() {
-        return Ok(());
+    if model.is_empty() {
+        model.clone_from(&state.scheduler.snapshot().pick(None)?.id);
     }
-    match state.scheduler.snapshot().models.as_slice() {
-        [only] => {
-            model.clone_from(&only.id);
-            Ok(())
-        }
-        [] => Err(ApiError::new(ErrorType::UnavailableError, "no model is loaded")),
-        models => Err(ApiError::invalid(
-            "model",
-            format!("{} models are loaded: name one in `model`", models.len()),
-        )),
-    }
+    Ok(())
 }
 
 /// `POST /v1/chat/completions`.

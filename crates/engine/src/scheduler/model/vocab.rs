@@ -36,10 +36,10 @@ pub enum VocabAnswer {
     Text(String),
 }
 
-/// A vocabulary request: the model (or the only one), and where the answer goes.
+/// A vocabulary request: the model, and where the answer goes.
 pub struct VocabJob {
-    /// The model asked for; `None` takes the only one loaded.
-    pub model: Option<String>,
+    /// The model asked for.
+    pub model: String,
     /// What to do.
     pub op: VocabOp,
     /// The answer, or why there is none.
