@@ -144,6 +144,21 @@ pub struct ChatCompletionRequest {
     /// The shape of the answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_format: Option<ResponseFormat>,
+    /// Whether to answer each token's log probability; refused until computed,
+    /// so that a client that asks can tell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<bool>,
+    /// How many alternatives per token, with `logprobs`; refused above 0 for now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_logprobs: Option<u32>,
+    /// Functions the model may call, as sent; refused (unless `tool_choice` is
+    /// `none`) until tool calls are parsed, as llama-server refuses them without
+    /// a Jinja template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Value>,
+    /// Whether and which tool to call, as sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<Value>,
     /// Sampling and streaming settings.
     #[serde(flatten)]
     pub sampling: Sampling,
@@ -158,6 +173,10 @@ impl ChatCompletionRequest {
             max_tokens: None,
             max_completion_tokens: None,
             response_format: None,
+            logprobs: None,
+            top_logprobs: None,
+            tools: None,
+            tool_choice: None,
             sampling: Sampling::default(),
         }
     }

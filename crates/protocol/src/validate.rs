@@ -6,6 +6,7 @@ use crate::common::Sampling;
 use crate::completions::{CompletionRequest, Prompt};
 use crate::embeddings::{EmbeddingInput, EmbeddingRequest};
 use crate::error::ApiError;
+use serde_json::Value;
 
 /// Most choices per prompt, as OpenAI allows.
 pub const MAX_N: u32 = 128;
@@ -130,6 +131,18 @@ impl ChatCompletionRequest {
         }
         at_least_one("max_tokens", self.max_tokens)?;
         at_least_one("max_completion_tokens", self.max_completion_tokens)?;
+        if self.logprobs == Some(true) || self.top_logprobs.is_some_and(|n| n > 0) {
+            let param = if self.logprobs == Some(true) { "logprobs" } else { "top_logprobs" };
+            return Err(ApiError::invalid(param, "logprobs are not supported by this server yet"));
+        }
+        let has_tools =
+            self.tools.as_ref().is_some_and(|t| t.as_array().is_none_or(|a| !a.is_empty()));
+        if has_tools && self.tool_choice.as_ref().and_then(Value::as_str) != Some("none") {
+            return Err(ApiError::invalid(
+                "tools",
+                "tool calling is not supported by this server yet; send no tools, or tool_choice `none`",
+            ));
+        }
         if let Some(format) = &self.response_format {
             if format.kind != "text" {
                 return Err(ApiError::invalid(

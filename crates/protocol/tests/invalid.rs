@@ -67,6 +67,10 @@ fn invalid_chat_requests() {
             Some("messages[0].content[1]"), "content part type `image_url` is not supported"),
         (r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text"}]}]}"#.into(), Some("messages[0].content[0].text"), "required"),
         (r#"{"model":"m","messages":"hello"}"#.into(), Some("messages"), "invalid type"),
+        // Asked for and not yet produced: refused, so that the client can tell.
+        (chat(r#","logprobs":true"#), Some("logprobs"), "not supported"),
+        (chat(r#","top_logprobs":2"#), Some("top_logprobs"), "not supported"),
+        (chat(r#","tools":[{"type":"function","function":{"name":"f"}}]"#), Some("tools"), "not supported"),
         ("[1,2]".into(), None, "invalid request body"),
     ];
     for (body, param, message) in cases {
@@ -113,5 +117,20 @@ fn invalid_embedding_requests() {
     ];
     for (body, param, message) in cases {
         check(embedding_error(body), *param, message, body);
+    }
+}
+
+/// What is not refused: logprobs turned off, and tools the model is told not to call.
+#[test]
+fn requests_that_ask_for_nothing_unsupported_pass() {
+    for extra in [
+        r#","logprobs":false"#,
+        r#","logprobs":false,"top_logprobs":0"#,
+        r#","tools":[]"#,
+        r#","tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"none""#,
+    ] {
+        let body = chat(extra);
+        let req: slotgate_protocol::ChatCompletionRequest = serde_json::from_str(&body).unwrap();
+        assert!(req.validate().is_ok(), "{body}");
     }
 }
