@@ -106,13 +106,13 @@ impl ModelRuntime {
             .map_err(|e| load_err(format!("{e} (is it a GGUF model file?)")))?;
         let n_vocab = model.n_vocab();
         let architecture = model.meta_val_str("general.architecture").unwrap_or_default();
+        // The GGUF's own template, read once: it picks `auto`, and `/props` shows it.
+        let own_template = model.chat_template(None).ok();
         let template = match settings.template() {
             TemplateChoice::Fixed(t) => t,
-            TemplateChoice::Auto => {
-                ChatTemplate::auto(model.chat_template(None).is_ok(), &architecture)
-            }
+            TemplateChoice::Auto => ChatTemplate::auto(own_template.is_some(), &architecture),
         };
-        if template == ChatTemplate::Model && model.chat_template(None).is_err() {
+        if template == ChatTemplate::Model && own_template.is_none() {
             return Err(load_err("chat_template `model`: the GGUF has no chat template".into()));
         }
         let info = std::sync::Arc::new(ModelInfo {
@@ -120,11 +120,7 @@ impl ModelRuntime {
             ctx_len: settings.ctx_len,
             n_parallel: settings.n_parallel,
             template_name: template.name(),
-            gguf_template: model
-                .chat_template(None)
-                .ok()
-                .and_then(|t| t.to_string().ok())
-                .unwrap_or_default(),
+            gguf_template: own_template.and_then(|t| t.to_string().ok()).unwrap_or_default(),
         });
         let n_parallel = settings.n_parallel;
         let threads = settings.threads() as i32;
