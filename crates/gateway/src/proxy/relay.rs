@@ -10,7 +10,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use axum::body::Bytes;
-use http_body::{Body, Frame};
+use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use slotgate_protocol::{sse, ApiError, ErrorType};
 
@@ -27,6 +27,8 @@ pub struct Relay {
     claim: Claim,
     _record: Record,
     ended: bool,
+    /// Whether the backend declared the stream's length, which the client then gets.
+    sized: bool,
 }
 
 impl Relay {
@@ -39,7 +41,18 @@ impl Relay {
         record: Record,
     ) -> Self {
         let lease = Some(lease);
-        Self { first: Some(first), upstream, lease, claim, _record: record, ended: false }
+        let sized = upstream.size_hint().exact().is_some();
+        Self { first: Some(first), upstream, lease, claim, _record: record, ended: false, sized }
+    }
+}
+
+impl Relay {
+    /// The upstream answer is read to its end: its connection can serve another.
+    fn finish(&mut self) {
+        self.ended = true;
+        if let Some(lease) = self.lease.take() {
+            lease.release();
+        }
     }
 }
 
@@ -56,6 +69,9 @@ impl Body for Relay {
             return Poll::Ready(None);
         }
         if let Some(first) = this.first.take() {
+            if this.upstream.is_end_stream() {
+                this.finish();
+            }
             return Poll::Ready(Some(Ok(Frame::data(first))));
         }
         loop {
@@ -65,11 +81,20 @@ impl Body for Relay {
                     let Ok(data) = frame.into_data() else { continue };
                     // Only the last chunk of a stream that asked for usage carries it.
                     super::count_reuse(&this.claim.backend, &data);
+                    if this.upstream.is_end_stream() {
+                        // The declared length is read: hyper will not poll again.
+                        this.finish();
+                    }
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
                 Poll::Ready(Some(Err(err))) => {
                     tracing::warn!(error = %err, backend = %this.claim.backend.url(), "backend failed mid-stream");
                     this.ended = true;
+                    if this.sized {
+                        // No room for an error event in a declared length: the
+                        // short body, cut off, tells the client instead.
+                        return Poll::Ready(None);
+                    }
                     let err = ApiError::new(
                         ErrorType::ServerError,
                         "the backend failed while streaming; the answer is incomplete",
@@ -78,10 +103,7 @@ impl Body for Relay {
                     return Poll::Ready(Some(Ok(Frame::data(event))));
                 }
                 Poll::Ready(None) => {
-                    this.ended = true;
-                    if let Some(lease) = this.lease.take() {
-                        lease.release();
-                    }
+                    this.finish();
                     return Poll::Ready(None);
                 }
             }
@@ -90,5 +112,123 @@ impl Body for Relay {
 
     fn is_end_stream(&self) -> bool {
         self.ended
+    }
+
+    /// Exact when the backend sent a `Content-Length`, so the client gets the same
+    /// framing (as nginx passes it on) instead of chunks.
+    fn size_hint(&self) -> SizeHint {
+        let first = self.first.as_ref().map_or(0, |b| b.len() as u64);
+        match self.upstream.size_hint().exact() {
+            Some(rest) if self.sized && !self.ended => SizeHint::with_exact(first + rest),
+            _ if self.ended => SizeHint::with_exact(0),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use crate::config::{BackendConfig, GatewayConfig, Routing};
+    use crate::server::Gateway;
+
+    const EVENTS: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"ok\"}}]}\n\ndata: [DONE]\n\n";
+
+    /// A kept-alive backend that streams `EVENTS` with a declared length; it
+    /// records which connections (by client port) carried a chat request.
+    async fn sized_backend() -> (String, Arc<Mutex<HashSet<u16>>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let chats = Arc::new(Mutex::new(HashSet::new()));
+        let seen = chats.clone();
+        tokio::spawn(async move {
+            while let Ok((mut socket, peer)) = listener.accept().await {
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        // One request: its head, then the body its length declares.
+                        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                            match socket.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                            continue;
+                        };
+                        let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+                        let length: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .map_or(0, |v| v.trim().parse().unwrap());
+                        if buf.len() < end + 4 + length {
+                            match socket.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                            continue;
+                        }
+                        buf.drain(..end + 4 + length);
+                        let path = head.split_whitespace().nth(1).unwrap_or("/").to_owned();
+                        let (kind, body) = match path.as_str() {
+                            "/health" => ("application/json", r#"{"status":"ok"}"#.to_owned()),
+                            "/slots" => ("application/json",
+                                r#"[{"id":0,"id_task":-1,"n_ctx":512,"is_processing":false}]"#.to_owned()),
+                            "/v1/models" => ("application/json",
+                                r#"{"object":"list","data":[{"id":"m","object":"model","created":0,"owned_by":"t"}]}"#.to_owned()),
+                            _ => {
+                                seen.lock().unwrap().insert(peer.port());
+                                ("text/event-stream", EVENTS.to_owned())
+                            }
+                        };
+                        let answer = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncontent-length: {}\r\n\r\n{body}",
+                            body.len()
+                        );
+                        if socket.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (base, chats)
+    }
+
+    /// A stream whose length the backend declared keeps that framing, and its
+    /// connection serves the next request (hyper stops polling a body once its
+    /// length is written, so the end must be seen without another poll).
+    #[tokio::test]
+    async fn a_sized_stream_keeps_its_length_and_its_connection() {
+        let (backend, chats) = sized_backend().await;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let routing = Routing { health_interval_ms: 50, healthy_threshold: 1, ..Routing::default() };
+        let backends = vec![BackendConfig { url: backend, models: Some(vec!["m".into()]), slots: Some(1), weight: 1 }];
+        let config = GatewayConfig { workers: 1, backends, routing, ..GatewayConfig::default() };
+        let gateway = Gateway::serve(listener, config, std::future::pending()).await.unwrap();
+        let url = format!("http://{}/v1/chat/completions", gateway.addr);
+        let client = reqwest::Client::new();
+        let body = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut answered = 0;
+        while answered < 5 {
+            assert!(std::time::Instant::now() < deadline, "the backend never became healthy");
+            let response = client.post(&url).body(body).send().await.unwrap();
+            if response.status() == 503 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+            assert_eq!(response.status(), 200);
+            assert_eq!(response.content_length(), Some(EVENTS.len() as u64));
+            assert_eq!(response.text().await.unwrap(), EVENTS);
+            answered += 1;
+        }
+        assert_eq!(chats.lock().unwrap().len(), 1, "one upstream connection for five streams");
     }
 }
