@@ -49,24 +49,38 @@ def main() -> None:
     chat = {"model": model, "messages": [{"role": "user", "content": "Say hello."}],
             "max_tokens": 6, "temperature": 0}
 
-    r = client.post("/v1/chat/completions", json=chat)
-    assert r.status_code == 200, r.text
-    check("CreateChatCompletionResponse", r.json())
-
+    variants = {
+        "plain": chat,
+        "logprobs": {**chat, "logprobs": True, "top_logprobs": 3},
+        "json_schema": {**chat, "response_format": {"type": "json_schema", "json_schema": {
+            "name": "n", "schema": {"type": "object", "properties": {"n": {"type": "integer"}},
+                                    "required": ["n"]}}}, "max_tokens": 12},
+    }
     chunks = 0
-    with client.stream("POST", "/v1/chat/completions",
-                       json={**chat, "stream": True, "stream_options": {"include_usage": True}}) as s:
-        assert s.status_code == 200
-        for line in s.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            check("CreateChatCompletionStreamResponse", json.loads(line[len("data: "):]))
-            chunks += 1
-    assert chunks >= 2, chunks
+    for name, body in variants.items():
+        r = client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, (name, r.text)
+        answer = r.json()
+        check("CreateChatCompletionResponse", answer)
+        if name == "logprobs":
+            content = answer["choices"][0]["logprobs"]["content"]
+            assert content and all(len(t["top_logprobs"]) == 3 for t in content), answer
 
-    r = client.post("/v1/completions", json={"model": model, "prompt": "One, two,", "max_tokens": 4})
-    assert r.status_code == 200, r.text
-    check("CreateCompletionResponse", r.json())
+        with client.stream("POST", "/v1/chat/completions",
+                           json={**body, "stream": True, "stream_options": {"include_usage": True}}) as s:
+            assert s.status_code == 200
+            for line in s.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                check("CreateChatCompletionStreamResponse", json.loads(line[len("data: "):]))
+                chunks += 1
+    assert chunks >= 2 * len(variants), chunks
+
+    for extra in ({}, {"logprobs": 2}):
+        r = client.post("/v1/completions",
+                        json={"model": model, "prompt": "One, two,", "max_tokens": 4, **extra})
+        assert r.status_code == 200, r.text
+        check("CreateCompletionResponse", r.json())
 
     r = client.get("/v1/models")
     check("ListModelsResponse", r.json())
@@ -74,7 +88,7 @@ def main() -> None:
     r = client.post("/v1/chat/completions", json={**chat, "temperature": 7})
     assert r.status_code == 400, r.text
     check("ErrorResponse", r.json())
-    print(f"valid: chat, {chunks} chunks, completion, models, error")
+    print(f"valid: chat ({', '.join(variants)}), {chunks} chunks, completion, models, error")
 
 
 if __name__ == "__main__":

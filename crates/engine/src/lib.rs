@@ -2,6 +2,7 @@
 //! model and continuous batching in one decode loop on one thread.
 
 pub mod config;
+pub mod constrain;
 pub mod error;
 pub mod ids;
 pub mod metrics;

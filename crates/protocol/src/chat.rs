@@ -144,11 +144,10 @@ pub struct ChatCompletionRequest {
     /// The shape of the answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_format: Option<ResponseFormat>,
-    /// Whether to answer each token's log probability; refused until computed,
-    /// so that a client that asks can tell.
+    /// Whether to answer each token's log probability.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<bool>,
-    /// How many alternatives per token, with `logprobs`; refused above 0 for now.
+    /// How many alternatives per token, with `logprobs` (0 to 20).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_logprobs: Option<u32>,
     /// Functions the model may call, as sent; refused (unless `tool_choice` is
@@ -214,9 +213,9 @@ pub struct ChatChoice {
     pub index: u32,
     /// The generated message.
     pub message: AssistantMessage,
-    /// Log probabilities; not produced, always null.
+    /// Log probabilities, when asked for.
     #[serde(default)]
-    pub logprobs: Option<Value>,
+    pub logprobs: Option<crate::ChoiceLogprobs>,
     /// Why generation stopped.
     pub finish_reason: Option<FinishReason>,
 }
@@ -260,9 +259,9 @@ pub struct ChunkChoice {
     pub index: u32,
     /// What it adds.
     pub delta: Delta,
-    /// Log probabilities; not produced, always null.
+    /// Log probabilities of the tokens this chunk adds, when asked for.
     #[serde(default)]
-    pub logprobs: Option<Value>,
+    pub logprobs: Option<crate::ChoiceLogprobs>,
     /// Set on the last chunk of the choice.
     pub finish_reason: Option<FinishReason>,
 }

@@ -132,6 +132,17 @@ pub struct Sampling {
     /// reproducible token for token only with the cache off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_prompt: Option<bool>,
+    /// A GBNF grammar the output must match (llama.cpp extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grammar: Option<String>,
+    /// A JSON schema the output must match (llama.cpp extension; OpenAI's way is
+    /// `response_format`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub json_schema: Option<serde_json::Value>,
+    /// llama.cpp's name for log probabilities: this many alternatives per token
+    /// (`logprobs` wins when both are sent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_probs: Option<u32>,
 }
 
 impl Sampling {

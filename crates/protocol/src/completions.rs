@@ -1,7 +1,6 @@
 //! `POST /v1/completions`: the legacy text completion request and its answer.
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use crate::common::{FinishReason, Sampling, Usage};
 
@@ -63,6 +62,10 @@ pub struct CompletionRequest {
     /// Generate this many and return the best `n`; only `best_of == n` is supported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub best_of: Option<u32>,
+    /// The shape of the answer (`json_object`, `json_schema`), as llama-server
+    /// takes it on completions too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<crate::chat::ResponseFormat>,
     /// Sampling and streaming settings.
     #[serde(flatten)]
     pub sampling: Sampling,
@@ -79,6 +82,7 @@ impl CompletionRequest {
             suffix: None,
             logprobs: None,
             best_of: None,
+            response_format: None,
             sampling: Sampling::default(),
         }
     }
@@ -91,9 +95,9 @@ pub struct CompletionChoice {
     pub text: String,
     /// Its place among the choices: prompt-major, then sample.
     pub index: u32,
-    /// Log probabilities; not produced, always null.
+    /// Log probabilities, when asked for.
     #[serde(default)]
-    pub logprobs: Option<Value>,
+    pub logprobs: Option<crate::CompletionLogprobs>,
     /// Why generation stopped; null until the last chunk of a stream.
     pub finish_reason: Option<FinishReason>,
 }

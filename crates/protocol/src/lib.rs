@@ -9,6 +9,7 @@ pub mod common;
 pub mod completions;
 pub mod embeddings;
 pub mod error;
+pub mod logprobs;
 pub mod models;
 pub mod parse;
 pub mod slots;
@@ -27,6 +28,7 @@ pub use embeddings::{
     EmbeddingVector, EncodingFormat,
 };
 pub use error::{ApiError, ContextSize, ErrorEnvelope, ErrorType, SLOT_UNAVAILABLE};
+pub use logprobs::{ChoiceLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob};
 pub use models::{Model, ModelList};
 pub use parse::parse_json;
 pub use slots::{SlotCounts, SlotStatus};

@@ -131,9 +131,22 @@ impl ChatCompletionRequest {
         }
         at_least_one("max_tokens", self.max_tokens)?;
         at_least_one("max_completion_tokens", self.max_completion_tokens)?;
-        if self.logprobs == Some(true) || self.top_logprobs.is_some_and(|n| n > 0) {
-            let param = if self.logprobs == Some(true) { "logprobs" } else { "top_logprobs" };
-            return Err(ApiError::invalid(param, "logprobs are not supported by this server yet"));
+        if let Some(n) = self.top_logprobs {
+            if n > crate::logprobs::MAX_TOP_LOGPROBS {
+                return Err(ApiError::invalid(
+                    "top_logprobs",
+                    format!(
+                        "top_logprobs must be between 0 and {}",
+                        crate::logprobs::MAX_TOP_LOGPROBS
+                    ),
+                ));
+            }
+            if n > 0 && self.logprobs != Some(true) {
+                return Err(ApiError::invalid(
+                    "top_logprobs",
+                    "top_logprobs needs `logprobs: true`",
+                ));
+            }
         }
         let has_tools =
             self.tools.as_ref().is_some_and(|t| t.as_array().is_none_or(|a| !a.is_empty()));
@@ -142,17 +155,6 @@ impl ChatCompletionRequest {
                 "tools",
                 "tool calling is not supported by this server yet; send no tools, or tool_choice `none`",
             ));
-        }
-        if let Some(format) = &self.response_format {
-            if format.kind != "text" {
-                return Err(ApiError::invalid(
-                    "response_format.type",
-                    format!(
-                        "response_format type `{}` is not supported yet; use `text`",
-                        format.kind
-                    ),
-                ));
-            }
         }
         self.sampling.validate()
     }
@@ -177,8 +179,14 @@ impl CompletionRequest {
         if self.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
             return Err(ApiError::invalid("suffix", "suffix is not supported by this server"));
         }
-        if self.logprobs.is_some_and(|l| l > 0) {
-            return Err(ApiError::invalid("logprobs", "logprobs is not supported by this server"));
+        if self.logprobs.is_some_and(|l| l > crate::logprobs::MAX_COMPLETION_LOGPROBS) {
+            return Err(ApiError::invalid(
+                "logprobs",
+                format!(
+                    "logprobs must be between 0 and {}",
+                    crate::logprobs::MAX_COMPLETION_LOGPROBS
+                ),
+            ));
         }
         if let Some(best_of) = self.best_of {
             if best_of != self.sampling.n() {

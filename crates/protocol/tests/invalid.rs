@@ -54,7 +54,6 @@ fn invalid_chat_requests() {
         (chat(r#","logit_bias":{"5":101}"#), Some("logit_bias"), "between -100 and 100"),
         (chat(r#","stream_options":{"include_usage":true}"#), Some("stream_options"), "only allowed when stream is true"),
         (chat(r#","stream":"yes""#), Some("stream"), "invalid type"),
-        (chat(r#","response_format":{"type":"json_object"}"#), Some("response_format.type"), "json_object"),
         (chat(r#","top_k":-2"#), Some("top_k"), "top_k must be at least 0"),
         (r#"{"model":"m","messages":[]}"#.into(), Some("messages"), "at least one message"),
         (r#"{"model":"m"}"#.into(), Some("messages"), "missing field `messages`"),
@@ -67,9 +66,9 @@ fn invalid_chat_requests() {
             Some("messages[0].content[1]"), "content part type `image_url` is not supported"),
         (r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text"}]}]}"#.into(), Some("messages[0].content[0].text"), "required"),
         (r#"{"model":"m","messages":"hello"}"#.into(), Some("messages"), "invalid type"),
+        (chat(r#","top_logprobs":2"#), Some("top_logprobs"), "needs `logprobs: true`"),
+        (chat(r#","logprobs":true,"top_logprobs":21"#), Some("top_logprobs"), "between 0 and 20"),
         // Asked for and not yet produced: refused, so that the client can tell.
-        (chat(r#","logprobs":true"#), Some("logprobs"), "not supported"),
-        (chat(r#","top_logprobs":2"#), Some("top_logprobs"), "not supported"),
         (chat(r#","tools":[{"type":"function","function":{"name":"f"}}]"#), Some("tools"), "not supported"),
         ("[1,2]".into(), None, "invalid request body"),
     ];
@@ -92,7 +91,7 @@ fn invalid_completion_requests() {
         (r#"{"model":"m","prompt":[[1],[]]}"#, Some("prompt"), "prompt must not be empty"),
         (r#"{"model":"m","prompt":{"a":1}}"#, Some("prompt"), "did not match any variant"),
         (r#"{"model":"m","prompt":"x","suffix":"y"}"#, Some("suffix"), "suffix is not supported"),
-        (r#"{"model":"m","prompt":"x","logprobs":3}"#, Some("logprobs"), "not supported"),
+        (r#"{"model":"m","prompt":"x","logprobs":6}"#, Some("logprobs"), "between 0 and 5"),
         (r#"{"model":"m","prompt":"x","best_of":3}"#, Some("best_of"), "unless it equals n"),
         (r#"{"model":"m","prompt":"x","max_tokens":0}"#, Some("max_tokens"), "at least 1"),
         (r#"{"model":"m","prompt":"x","temperature":9}"#, Some("temperature"), "between 0 and 2"),
@@ -120,11 +119,14 @@ fn invalid_embedding_requests() {
     }
 }
 
-/// What is not refused: logprobs turned off, and tools the model is told not to call.
+/// What is not refused: logprobs on or off, structured output (the engine reads
+/// the schema), and tools the model is told not to call.
 #[test]
 fn requests_that_ask_for_nothing_unsupported_pass() {
     for extra in [
         r#","logprobs":false"#,
+        r#","logprobs":true,"top_logprobs":20"#,
+        r#","response_format":{"type":"json_object"}"#,
         r#","logprobs":false,"top_logprobs":0"#,
         r#","tools":[]"#,
         r#","tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"none""#,

@@ -80,6 +80,9 @@ fn sampling() -> impl Strategy<Value = Sampling> {
                 prompt_cache_key: user.clone(),
                 user,
                 cache_prompt: None,
+                grammar: None,
+                json_schema: None,
+                n_probs: None,
             }
         })
 }

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use slotgate_protocol::{ApiError, ChatMessage, FinishReason, PromptItem};
+use slotgate_protocol::{ApiError, ChatMessage, FinishReason, PromptItem, TokenLogprob};
 use tokio::sync::mpsc;
 
 /// What to generate from.
@@ -49,6 +49,10 @@ pub struct GenParams {
     pub echo: bool,
     /// Reuse the longest cached prefix of the prompt.
     pub cache_prompt: bool,
+    /// A GBNF grammar (root rule `root`) that the output must match.
+    pub grammar: Option<String>,
+    /// Report each token's log probability with this many alternatives.
+    pub logprobs: Option<u32>,
 }
 
 impl Default for GenParams {
@@ -68,6 +72,8 @@ impl Default for GenParams {
             logit_bias: Vec::new(),
             echo: false,
             cache_prompt: true,
+            grammar: None,
+            logprobs: None,
         }
     }
 }
@@ -90,6 +96,8 @@ impl GenParams {
             logit_bias: sampling.logit_bias_pairs(),
             echo: false,
             cache_prompt: sampling.cache_prompt.unwrap_or(true),
+            grammar: None,
+            logprobs: None,
         }
     }
 }
@@ -114,6 +122,9 @@ pub enum Event {
         index: u32,
         /// The text.
         text: String,
+        /// The log probabilities of the tokens sampled since the last event, when
+        /// asked for (a token's text may come in a later event than its entry).
+        logprobs: Vec<TokenLogprob>,
     },
     /// Choice `index` is complete.
     Done {

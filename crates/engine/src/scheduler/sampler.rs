@@ -1,18 +1,144 @@
-//! Builds a slot's sampler chain from a job's settings, in llama.cpp's order:
-//! logit bias, penalties, top-k, top-p, min-p, temperature, then a seeded draw.
+//! A choice's sampler: a chain built from the job's settings in llama.cpp's order
+//! (logit bias, penalties, top-k, top-p, min-p, temperature, a seeded draw), a
+//! grammar kept beside it, and the log probabilities the client asked for.
+//!
+//! The grammar is checked the way llama-server checks it: the chain draws first,
+//! and only when its token breaks the grammar is the draw made again with the
+//! grammar applied to every candidate. Matching a 262k-token vocabulary against a
+//! grammar costs tens of milliseconds, and most draws already fit. A token the
+//! grammar forbids is never accepted (llama.cpp aborts on one).
 
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::sampling::LlamaSampler;
+use llama_cpp_2::token::data::LlamaTokenData;
+use llama_cpp_2::token::data_array::LlamaTokenDataArray;
 use llama_cpp_2::token::logit_bias::LlamaLogitBias;
 use llama_cpp_2::token::LlamaToken;
+use slotgate_protocol::ApiError;
 
 use super::job::GenParams;
 
 /// How many recent tokens the presence and frequency penalties look at.
 const PENALTY_LAST_N: i32 = 64;
 
-/// A fresh sampler for one choice.
-pub(crate) fn build(params: &GenParams, seed: u32, n_vocab: i32) -> LlamaSampler {
-    let mut chain = Vec::with_capacity(7);
+/// The grammar sampler of `grammar` (root rule `root`), or a 400 when llama.cpp
+/// cannot parse it.
+pub(crate) fn grammar(model: &LlamaModel, grammar: &str) -> Result<LlamaSampler, ApiError> {
+    LlamaSampler::grammar(model, grammar, "root").map_err(|e| {
+        tracing::debug!(error = %e, grammar, "grammar refused");
+        ApiError::invalid(
+            "grammar",
+            "the grammar cannot be parsed: it must be GBNF (llama.cpp's grammar format) \
+             with a `root` rule, every rule defined, and no left recursion",
+        )
+    })
+}
+
+/// One choice's sampling state.
+pub(crate) struct ChoiceSampler {
+    chain: LlamaSampler,
+    grammar: Option<LlamaSampler>,
+    /// Alternatives to report per token; `None` reports no log probabilities.
+    logprobs: Option<u32>,
+}
+
+/// A drawn token and, when asked for, its log probabilities.
+pub(crate) struct Drawn {
+    pub token: LlamaToken,
+    /// The token's log probability and the best `top` alternatives, token id first.
+    pub logprobs: Option<(f32, Vec<(LlamaToken, f32)>)>,
+    /// The grammar allowed no token at all: the choice must end here.
+    pub dead_end: bool,
+}
+
+impl ChoiceSampler {
+    /// A fresh sampler for one choice.
+    pub fn new(params: &GenParams, seed: u32, model: &LlamaModel) -> Result<Self, ApiError> {
+        let grammar = params.grammar.as_deref().map(|g| grammar(model, g)).transpose()?;
+        Ok(Self { chain: chain(params, seed, model.n_vocab()), grammar, logprobs: params.logprobs })
+    }
+
+    /// A sampler with no settings but greedy choice, for tests.
+    #[cfg(test)]
+    pub fn greedy() -> Self {
+        Self { chain: LlamaSampler::greedy(), grammar: None, logprobs: None }
+    }
+
+    /// Draws the token at batch index `at` and accepts it.
+    pub fn draw(&mut self, ctx: &LlamaContext<'_>, at: i32) -> Drawn {
+        if self.grammar.is_none() && self.logprobs.is_none() {
+            // The common case stays in llama.cpp: no copy of the logits here.
+            return Drawn { token: self.chain.sample(ctx, at), logprobs: None, dead_end: false };
+        }
+        let logits = ctx.get_logits_ith(at);
+        let candidates = || {
+            LlamaTokenDataArray::new(
+                (0..)
+                    .zip(logits)
+                    .map(|(i, &l)| LlamaTokenData::new(LlamaToken(i), l, 0.0))
+                    .collect(),
+                false,
+            )
+        };
+        let mut cur = candidates();
+        self.chain.apply(&mut cur);
+        let mut token = cur.selected_token();
+        if let Some(grammar) = &mut self.grammar {
+            let fits = token.is_some_and(|t| {
+                let mut one =
+                    LlamaTokenDataArray::new(vec![LlamaTokenData::new(t, 1.0, 0.0)], false);
+                grammar.apply(&mut one);
+                one.data[0].logit().is_finite()
+            });
+            if !fits {
+                let mut cur = candidates();
+                grammar.apply(&mut cur);
+                let allowed = cur.data.iter().any(|d| d.logit().is_finite());
+                self.chain.apply(&mut cur);
+                token = cur.selected_token().filter(|_| allowed);
+            }
+            match token {
+                Some(t) => grammar.accept(t),
+                None => return Drawn { token: LlamaToken(0), logprobs: None, dead_end: true },
+            }
+        }
+        let Some(token) = token else {
+            return Drawn { token: LlamaToken(0), logprobs: None, dead_end: true };
+        };
+        self.chain.accept(token);
+        let logprobs = self.logprobs.map(|top| log_probabilities(logits, token, top as usize));
+        Drawn { token, logprobs, dead_end: false }
+    }
+}
+
+/// The log probability of `token` under the model's own distribution (the
+/// softmax of the raw logits, as llama-server reports it), and the `top` most
+/// likely tokens with theirs.
+fn log_probabilities(
+    logits: &[f32],
+    token: LlamaToken,
+    top: usize,
+) -> (f32, Vec<(LlamaToken, f32)>) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f32 = logits.iter().map(|&l| (l - max).exp()).sum();
+    let norm = max + sum.ln();
+    let logprob = |i: usize| logits[i] - norm;
+    let mut best: Vec<usize> = Vec::with_capacity(top + 1);
+    if top > 0 {
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        let k = top.min(order.len());
+        order.select_nth_unstable_by(k - 1, |&a, &b| logits[b].total_cmp(&logits[a]));
+        best.extend_from_slice(&order[..k]);
+        best.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+    }
+    let chosen = usize::try_from(token.0).unwrap_or(0);
+    (logprob(chosen), best.into_iter().map(|i| (LlamaToken(i as i32), logprob(i))).collect())
+}
+
+/// The chain of settings, without the grammar.
+fn chain(params: &GenParams, seed: u32, n_vocab: i32) -> LlamaSampler {
+    let mut chain = Vec::with_capacity(8);
     if !params.logit_bias.is_empty() {
         let biases: Vec<LlamaLogitBias> = params
             .logit_bias
@@ -47,4 +173,21 @@ pub(crate) fn build(params: &GenParams, seed: u32, n_vocab: i32) -> LlamaSampler
     chain.push(LlamaSampler::temp(params.temperature));
     chain.push(LlamaSampler::dist(seed));
     LlamaSampler::chain_simple(chain)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_probabilities_are_a_log_softmax_with_the_best_first() {
+        let logits = [0.0f32, 2.0, 1.0, -1.0];
+        let (chosen, top) = log_probabilities(&logits, LlamaToken(2), 2);
+        let norm = logits.iter().map(|l| l.exp()).sum::<f32>().ln();
+        assert!((chosen - (1.0 - norm)).abs() < 1e-5);
+        assert_eq!(top.iter().map(|(t, _)| t.0).collect::<Vec<_>>(), vec![1, 2]);
+        assert!((top[0].1 - (2.0 - norm)).abs() < 1e-5);
+        let total: f32 = (0..4).map(|i| log_probabilities(&logits, LlamaToken(i), 0).0.exp()).sum();
+        assert!((total - 1.0).abs() < 1e-5);
+    }
 }

@@ -3,17 +3,21 @@
 
 use std::time::Instant;
 
-use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::LlamaToken;
 
+use slotgate_protocol::TokenLogprob;
+
 use super::job::Task;
+use super::sampler::ChoiceSampler;
 use super::text::TextStream;
 
 /// A task admitted into a slot.
 pub(crate) struct Running {
     pub task: Task,
-    pub sampler: LlamaSampler,
+    pub sampler: ChoiceSampler,
     pub text: TextStream,
+    /// Log probabilities of tokens whose text has not gone out yet.
+    pub logprobs: Vec<TokenLogprob>,
     /// Prompt tokens decoded so far (cached ones included).
     pub n_prompt_done: usize,
     /// Prompt tokens that were already in the cache.
@@ -199,8 +203,9 @@ mod tests {
         };
         Running {
             task,
-            sampler: LlamaSampler::greedy(),
+            sampler: ChoiceSampler::greedy(),
             text: TextStream::new(Vec::new()),
+            logprobs: Vec::new(),
             n_prompt_done: 0,
             cached: 0,
             generated: 0,

@@ -9,7 +9,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures::stream::{self, Stream, StreamExt};
-use slotgate_protocol::{sse, ApiError, FinishReason, Usage};
+use slotgate_protocol::{sse, ApiError, FinishReason, TokenLogprob, Usage};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::scheduler::{ChoiceUsage, Event};
@@ -55,6 +55,8 @@ pub struct Collected {
     pub texts: Vec<String>,
     /// Finish reason per choice.
     pub reasons: Vec<FinishReason>,
+    /// Log probabilities per choice (empty unless asked for).
+    pub logprobs: Vec<Vec<TokenLogprob>>,
     /// Token counts.
     pub usage: Usage,
 }
@@ -77,6 +79,7 @@ pub async fn collect(
 ) -> Result<Collected, ApiError> {
     let n = shape.choices as usize;
     let mut texts = vec![String::new(); n];
+    let mut logprobs = vec![Vec::new(); n];
     let mut reasons = vec![None; n];
     let mut usage = UsageSum::default();
     let mut done = 0;
@@ -87,7 +90,10 @@ pub async fn collect(
             None => rx.recv().await.ok_or_else(ApiError::internal)?,
         };
         match event {
-            Event::Text { index, text } => texts[index as usize].push_str(&text),
+            Event::Text { index, text, logprobs: l } => {
+                texts[index as usize].push_str(&text);
+                logprobs[index as usize].extend(l);
+            }
             Event::Done { index, reason, usage: u } => {
                 reasons[index as usize] = Some(reason);
                 usage.add(shape, index, u);
@@ -99,6 +105,7 @@ pub async fn collect(
     Ok(Collected {
         texts,
         reasons: reasons.into_iter().map(|r| r.unwrap_or(FinishReason::Stop)).collect(),
+        logprobs,
         usage: usage.usage(),
     })
 }
@@ -107,8 +114,9 @@ pub async fn collect(
 pub trait ChunkWriter: Send + 'static {
     /// The chunk that opens choice `index`, if this format has one.
     fn open(&self, index: u32) -> Option<String>;
-    /// New text of a choice.
-    fn text(&self, index: u32, text: String) -> String;
+    /// New text of a choice, which starts at character `offset` of its text, and
+    /// the log probabilities of the tokens sampled since the last chunk.
+    fn text(&self, index: u32, text: String, offset: u32, logprobs: Vec<TokenLogprob>) -> String;
     /// The last chunk of a choice.
     fn finish(&self, index: u32, reason: FinishReason) -> String;
     /// The final usage chunk.
@@ -138,6 +146,8 @@ struct StreamState<W> {
     shape: Shape,
     include_usage: bool,
     opened: Vec<bool>,
+    /// Characters of text sent per choice.
+    sent: Vec<u32>,
     done: u32,
     usage: UsageSum,
     ended: bool,
@@ -163,6 +173,7 @@ pub fn stream<W: ChunkWriter>(
         shape,
         include_usage: options.include_usage,
         opened: vec![false; shape.choices as usize],
+        sent: vec![0; shape.choices as usize],
         done: 0,
         usage: UsageSum::default(),
         ended: false,
@@ -197,9 +208,15 @@ impl<W: ChunkWriter> StreamState<W> {
     fn write(&mut self, event: Option<Event>) -> String {
         let mut out = String::new();
         match event {
-            Some(Event::Text { index, text }) => {
+            Some(Event::Text { index, text, logprobs }) => {
                 self.open(index, &mut out);
-                out.push_str(&self.writer.text(index, text));
+                let sent = self.sent.get_mut(index as usize);
+                let offset = sent.as_deref().copied().unwrap_or(0);
+                let chars = text.chars().count() as u32;
+                if let Some(sent) = sent {
+                    *sent += chars;
+                }
+                out.push_str(&self.writer.text(index, text, offset, logprobs));
             }
             Some(Event::Done { index, reason, usage }) => {
                 self.open(index, &mut out);

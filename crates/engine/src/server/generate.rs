@@ -7,9 +7,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use slotgate_protocol::{
     sse, ApiError, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk,
-    ChatCompletionRequest, ChunkChoice, Completion, CompletionChoice, CompletionRequest, Delta,
-    Embedding, EmbeddingInput, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage,
-    EmbeddingVector, FinishReason, PromptItem, Role, Usage,
+    ChatCompletionRequest, ChoiceLogprobs, ChunkChoice, Completion, CompletionChoice,
+    CompletionLogprobs, CompletionRequest, Delta, Embedding, EmbeddingInput, EmbeddingRequest,
+    EmbeddingResponse, EmbeddingUsage, EmbeddingVector, FinishReason, PromptItem, Role,
+    TokenLogprob, Usage,
 };
 
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -89,16 +90,28 @@ pub async fn chat(
 ) -> Result<Response, EngineError> {
     resolve_model(&state, &mut req.model)?;
     req.validate().map_err(|e| fail(&req.model, e))?;
-    let params = GenParams::from_sampling(&req.sampling, req.max_tokens());
+    let mut params = GenParams::from_sampling(&req.sampling, req.max_tokens());
+    params.logprobs = match (req.logprobs, req.sampling.n_probs) {
+        (Some(true), _) => Some(req.top_logprobs.unwrap_or(0)),
+        (None, Some(n)) if n > 0 => Some(n.min(slotgate_protocol::logprobs::MAX_TOP_LOGPROBS)),
+        _ => None,
+    };
+    params.grammar = crate::constrain::grammar(
+        req.sampling.grammar.as_deref(),
+        req.sampling.json_schema.as_ref(),
+        req.response_format.as_ref(),
+    )
+    .map_err(|e| fail(&req.model, e))?;
     let shape = Shape { choices: params.n, n: params.n };
     let streamed = req.sampling.is_stream();
+    let with_logprobs = params.logprobs.is_some();
     let input = JobInput::Chat(req.messages);
     let (first, rx) = run(&state, &req.model, input, params, streamed).await?;
     let id = crate::ids::next("chatcmpl");
     let created = now();
     count(&req.model, 200);
     if streamed {
-        let writer = ChatChunks { id, created, model: req.model };
+        let writer = ChatChunks { id, created, model: req.model, logprobs: with_logprobs };
         let streamed =
             Streamed { keepalive: keepalive(&state), include_usage: req.sampling.include_usage() };
         return Ok(answer::stream(first, rx, writer, shape, streamed));
@@ -115,11 +128,12 @@ pub async fn chat(
             .texts
             .into_iter()
             .zip(done.reasons)
+            .zip(done.logprobs)
             .enumerate()
-            .map(|(i, (text, reason))| ChatChoice {
+            .map(|(i, ((text, reason), logprobs))| ChatChoice {
                 index: i as u32,
                 message: AssistantMessage::text(text),
-                logprobs: None,
+                logprobs: with_logprobs.then(|| ChoiceLogprobs::new(logprobs)),
                 finish_reason: Some(reason),
             })
             .collect(),
@@ -132,6 +146,8 @@ struct ChatChunks {
     id: String,
     created: u64,
     model: String,
+    /// Whether chunks carry log probabilities.
+    logprobs: bool,
 }
 
 impl ChatChunks {
@@ -158,8 +174,10 @@ impl ChunkWriter for ChatChunks {
         Some(self.delta(index, delta, None))
     }
 
-    fn text(&self, index: u32, text: String) -> String {
-        self.delta(index, Delta { role: None, content: Some(text) }, None)
+    fn text(&self, index: u32, text: String, _offset: u32, logprobs: Vec<TokenLogprob>) -> String {
+        let delta = Delta { role: None, content: Some(text) };
+        let logprobs = self.logprobs.then(|| ChoiceLogprobs::new(logprobs));
+        self.chunk(vec![ChunkChoice { index, delta, logprobs, finish_reason: None }], None)
     }
 
     fn finish(&self, index: u32, reason: FinishReason) -> String {
@@ -180,13 +198,28 @@ pub async fn completions(
     req.validate().map_err(|e| fail(&req.model, e))?;
     let max_tokens = req.max_tokens.unwrap_or(COMPLETION_DEFAULT_MAX_TOKENS);
     let mut params = GenParams::from_sampling(&req.sampling, Some(max_tokens));
+    params.logprobs = req
+        .logprobs
+        .or(req.sampling.n_probs.filter(|n| *n > 0))
+        .map(|n| n.min(slotgate_protocol::logprobs::MAX_TOP_LOGPROBS));
+    let with_logprobs = params.logprobs.is_some();
     params.echo = req.echo.unwrap_or(false);
+    params.grammar = crate::constrain::grammar(
+        req.sampling.grammar.as_deref(),
+        req.sampling.json_schema.as_ref(),
+        req.response_format.as_ref(),
+    )
+    .map_err(|e| fail(&req.model, e))?;
     let items = req.prompt.items();
     let shape = Shape { choices: items.len() as u32 * params.n, n: params.n };
     let streamed = req.sampling.is_stream();
     let (first, rx) = run(&state, &req.model, JobInput::Prompts(items), params, streamed).await?;
-    let writer =
-        CompletionChunks { id: crate::ids::next("cmpl"), created: now(), model: req.model.clone() };
+    let writer = CompletionChunks {
+        id: crate::ids::next("cmpl"),
+        created: now(),
+        model: req.model.clone(),
+        logprobs: with_logprobs,
+    };
     count(&req.model, 200);
     if streamed {
         let streamed =
@@ -199,8 +232,11 @@ pub async fn completions(
         .texts
         .into_iter()
         .zip(done.reasons)
+        .zip(done.logprobs)
         .enumerate()
-        .map(|(i, (text, reason))| writer.choice(i as u32, text, Some(reason)))
+        .map(|(i, ((text, reason), logprobs))| {
+            writer.choice(i as u32, text, Some(reason), writer.logprobs(&logprobs, 0))
+        })
         .collect();
     Ok(Json(writer.completion(choices, Some(done.usage))).into_response())
 }
@@ -209,6 +245,8 @@ struct CompletionChunks {
     id: String,
     created: u64,
     model: String,
+    /// Whether choices carry log probabilities.
+    logprobs: bool,
 }
 
 impl CompletionChunks {
@@ -217,8 +255,13 @@ impl CompletionChunks {
         index: u32,
         text: String,
         finish_reason: Option<FinishReason>,
+        logprobs: Option<CompletionLogprobs>,
     ) -> CompletionChoice {
-        CompletionChoice { text, index, logprobs: None, finish_reason }
+        CompletionChoice { text, index, logprobs, finish_reason }
+    }
+
+    fn logprobs(&self, tokens: &[TokenLogprob], offset: u32) -> Option<CompletionLogprobs> {
+        self.logprobs.then(|| CompletionLogprobs::new(tokens, offset))
     }
 
     fn completion(&self, choices: Vec<CompletionChoice>, usage: Option<Usage>) -> Completion {
@@ -239,12 +282,14 @@ impl ChunkWriter for CompletionChunks {
         None
     }
 
-    fn text(&self, index: u32, text: String) -> String {
-        sse::encode(&self.completion(vec![self.choice(index, text, None)], None))
+    fn text(&self, index: u32, text: String, offset: u32, logprobs: Vec<TokenLogprob>) -> String {
+        let logprobs = self.logprobs(&logprobs, offset);
+        sse::encode(&self.completion(vec![self.choice(index, text, None, logprobs)], None))
     }
 
     fn finish(&self, index: u32, reason: FinishReason) -> String {
-        sse::encode(&self.completion(vec![self.choice(index, String::new(), Some(reason))], None))
+        let choice = self.choice(index, String::new(), Some(reason), None);
+        sse::encode(&self.completion(vec![choice], None))
     }
 
     fn usage(&self, usage: Usage) -> String {

@@ -138,7 +138,8 @@ mod tests {
     use crate::config::{BackendConfig, GatewayConfig, Routing};
     use crate::server::Gateway;
 
-    const EVENTS: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"ok\"}}]}\n\ndata: [DONE]\n\n";
+    const EVENTS: &str =
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"ok\"}}]}\n\ndata: [DONE]\n\n";
 
     /// A kept-alive backend that streams `EVENTS` with a declared length; it
     /// records which connections (by client port) carried a chat request.
@@ -208,8 +209,14 @@ mod tests {
     async fn a_sized_stream_keeps_its_length_and_its_connection() {
         let (backend, chats) = sized_backend().await;
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let routing = Routing { health_interval_ms: 50, healthy_threshold: 1, ..Routing::default() };
-        let backends = vec![BackendConfig { url: backend, models: Some(vec!["m".into()]), slots: Some(1), weight: 1 }];
+        let routing =
+            Routing { health_interval_ms: 50, healthy_threshold: 1, ..Routing::default() };
+        let backends = vec![BackendConfig {
+            url: backend,
+            models: Some(vec!["m".into()]),
+            slots: Some(1),
+            weight: 1,
+        }];
         let config = GatewayConfig { workers: 1, backends, routing, ..GatewayConfig::default() };
         let gateway = Gateway::serve(listener, config, std::future::pending()).await.unwrap();
         let url = format!("http://{}/v1/chat/completions", gateway.addr);

@@ -11,7 +11,7 @@ use super::{Loaded, ModelRuntime};
 use crate::metrics as m;
 use crate::scheduler::host_cache::HostCache;
 use crate::scheduler::job::{Event, Outbox, Task};
-use crate::scheduler::sampler;
+use crate::scheduler::sampler::ChoiceSampler;
 use crate::scheduler::slot::{common_prefix, pick_slot, Pick, Running, Slot, KEEP_SHARE};
 use crate::scheduler::text::TextStream;
 
@@ -95,11 +95,19 @@ impl ModelRuntime {
     /// the slot's own, or one restored from the host cache when that is longer.
     /// What the slot held goes to the host cache first when most of it would be lost.
     fn start(&mut self, i: usize, pick: Pick, task: Task, step_no: u64, outbox: &mut Outbox) {
+        // Checked when the job arrived; a failure here still ends only this task.
+        let sampler = match ChoiceSampler::new(&task.params, task.seed, self.loaded.borrow_owner())
+        {
+            Ok(sampler) => sampler,
+            Err(err) => {
+                task.send(outbox, Event::Error(err));
+                return;
+            }
+        };
         let mut shared = common_prefix(&self.slots[i].cache, &task.prompt);
         if task.params.cache_prompt && self.host_cache.enabled() && pick != Pick::Warm {
             shared = self.restore_from_host(i, &task.prompt, shared);
         }
-        let n_vocab = self.n_vocab;
         let slot = &mut self.slots[i];
         // At least one prompt token is decoded again, to get logits to sample from.
         let mut keep = if task.params.cache_prompt { shared.min(task.prompt.len() - 1) } else { 0 };
@@ -122,11 +130,15 @@ impl ModelRuntime {
         let wait = task.enqueued.elapsed();
         metrics::histogram!(m::QUEUE_WAIT, "model" => self.id.clone()).record(wait.as_secs_f64());
         if let Some(text) = &task.echo_text {
-            task.send(outbox, Event::Text { index: task.index, text: text.to_string() });
+            task.send(
+                outbox,
+                Event::Text { index: task.index, text: text.to_string(), logprobs: Vec::new() },
+            );
         }
         slot.running = Some(Running {
-            sampler: sampler::build(&task.params, task.seed, n_vocab),
+            sampler,
             text: TextStream::new(task.params.stop.clone()),
+            logprobs: Vec::new(),
             n_prompt_done: keep,
             cached: keep,
             generated: 0,

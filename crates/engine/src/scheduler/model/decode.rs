@@ -4,12 +4,12 @@
 use std::time::{Duration, Instant};
 
 use llama_cpp_2::model::LlamaModel;
-use llama_cpp_2::token::LlamaToken;
-use slotgate_protocol::{ApiError, FinishReason};
+use slotgate_protocol::{ApiError, FinishReason, TokenLogprob, TopLogprob};
 
 use super::ModelRuntime;
 use crate::metrics as m;
 use crate::scheduler::job::{ChoiceUsage, Event, Outbox};
+use crate::scheduler::sampler::Drawn;
 use crate::scheduler::slot::Running;
 
 impl ModelRuntime {
@@ -92,10 +92,15 @@ impl ModelRuntime {
                 slot.cache.push(token);
             }
             let sample_started = Instant::now();
-            let token = loaded.with_dependent(|_, c| run.sampler.sample(&c.gen, at));
+            let drawn = loaded.with_dependent(|_, c| run.sampler.draw(&c.gen, at));
             in_llama += sample_started.elapsed();
             generated += 1;
-            let ended = model.accept(run, token, slot.cache.len(), outbox);
+            let ended = if drawn.dead_end {
+                // The grammar allows nothing more: what was made is all it allows.
+                Some(FinishReason::Stop)
+            } else {
+                model.accept(run, drawn, slot.cache.len(), outbox)
+            };
             if let Some(reason) = ended {
                 let run = slot.running.take();
                 if let Some(run) = run {
@@ -120,10 +125,11 @@ impl Sampled<'_> {
     fn accept(
         &self,
         run: &mut Running,
-        token: LlamaToken,
+        drawn: Drawn,
         in_cache: usize,
         outbox: &mut Outbox,
     ) -> Option<FinishReason> {
+        let token = drawn.token;
         let Self { model, ctx_len, id } = *self;
         run.generated += 1;
         let now = Instant::now();
@@ -136,9 +142,31 @@ impl Sampled<'_> {
         if vocab.is_eog(token) {
             return Some(FinishReason::Stop);
         }
-        let pushed = run.text.push(&vocab.token_to_piece(token, false, None));
+        let piece = vocab.token_to_piece(token, false, None);
+        if let Some((logprob, top)) = drawn.logprobs {
+            let top_logprobs = top
+                .into_iter()
+                .map(|(t, logprob)| {
+                    let bytes = vocab.token_to_piece(t, false, None);
+                    TopLogprob {
+                        token: String::from_utf8_lossy(&bytes).into_owned(),
+                        logprob,
+                        bytes: Some(bytes),
+                    }
+                })
+                .collect();
+            run.logprobs.push(TokenLogprob {
+                token: String::from_utf8_lossy(&piece).into_owned(),
+                logprob,
+                bytes: Some(piece.clone()),
+                top_logprobs,
+            });
+        }
+        let pushed = run.text.push(&piece);
         if !pushed.text.is_empty() {
-            run.task.send(outbox, Event::Text { index: run.task.index, text: pushed.text });
+            let logprobs = std::mem::take(&mut run.logprobs);
+            run.task
+                .send(outbox, Event::Text { index: run.task.index, text: pushed.text, logprobs });
         }
         if pushed.stopped {
             return Some(FinishReason::Stop);
@@ -157,8 +185,9 @@ impl Sampled<'_> {
 /// Ends a choice: the held-back text, its usage and its metrics.
 fn finish(mut run: Running, reason: FinishReason, id: &str, outbox: &mut Outbox) {
     let rest = run.text.finish();
-    if !rest.is_empty() {
-        run.task.send(outbox, Event::Text { index: run.task.index, text: rest });
+    if !rest.is_empty() || !run.logprobs.is_empty() {
+        let logprobs = std::mem::take(&mut run.logprobs);
+        run.task.send(outbox, Event::Text { index: run.task.index, text: rest, logprobs });
     }
     let usage = ChoiceUsage {
         prompt_tokens: run.task.prompt.len() as u32,

@@ -70,6 +70,10 @@ impl ModelRuntime {
                 .with_context(tokens.len() as u32, ctx_len as u32));
             }
         }
+        if let Some(grammar) = &job.params.grammar {
+            // Parsed once here, so that a bad one is the request's 400.
+            crate::scheduler::sampler::grammar(model, grammar)?;
+        }
         let params = Arc::new(job.params);
         let enqueued = Instant::now();
         let mut tasks = Vec::with_capacity(prompts.len() * params.n as usize);

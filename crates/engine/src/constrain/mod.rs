@@ -1,0 +1,64 @@
+//! What a request constrains its output to, as one GBNF grammar: llama.cpp's own
+//! `grammar` and `json_schema` fields, and OpenAI's `response_format`. The
+//! scheduler puts the grammar first in the choice's sampler chain, so every
+//! token sampled keeps the output inside it.
+
+pub mod schema;
+
+use serde_json::Value;
+use slotgate_protocol::{ApiError, ResponseFormat};
+
+/// The grammar a request asks for, if any; several ways at once are refused.
+pub fn grammar(
+    grammar: Option<&str>,
+    json_schema: Option<&Value>,
+    response_format: Option<&ResponseFormat>,
+) -> Result<Option<String>, ApiError> {
+    let format = match response_format.map(|f| f.kind.as_str()) {
+        None | Some("text") => None,
+        Some("json_object") => Some(("response_format", schema::any_object())),
+        Some("json_schema") => {
+            let format = response_format.expect("matched above");
+            let schema =
+                format.rest.get("json_schema").and_then(|j| j.get("schema")).ok_or_else(|| {
+                    ApiError::invalid(
+                        "response_format.json_schema.schema",
+                        "`json_schema` needs a `schema`",
+                    )
+                })?;
+            Some(("response_format", from_schema(schema, "response_format.json_schema.schema")?))
+        }
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "response_format.type",
+                format!("`{other}` is not one of `text`, `json_object`, `json_schema`"),
+            ))
+        }
+    };
+    let mut asked = Vec::new();
+    if let Some(text) = grammar.filter(|g| !g.trim().is_empty()) {
+        asked.push(("grammar", text.to_owned()));
+    }
+    if let Some(schema) = json_schema {
+        asked.push(("json_schema", from_schema(schema, "json_schema")?));
+    }
+    asked.extend(format);
+    match asked.len() {
+        0 | 1 => Ok(asked.pop().map(|(_, g)| g)),
+        _ => Err(ApiError::invalid(
+            asked[1].0,
+            format!("`{}` and `{}` cannot both constrain one answer", asked[0].0, asked[1].0),
+        )),
+    }
+}
+
+/// The grammar of `schema`, or a 400 naming the part of it under `param`.
+pub fn from_schema(schema: &Value, param: &str) -> Result<String, ApiError> {
+    schema::to_gbnf(schema).map_err(|e| {
+        let at = if e.path.is_empty() { param.to_owned() } else { format!("{param}.{}", e.path) };
+        ApiError::invalid(
+            at.clone(),
+            format!("the schema cannot be turned into a grammar at `{at}`: {}", e.message),
+        )
+    })
+}

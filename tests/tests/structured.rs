@@ -1,0 +1,147 @@
+//! What today's OpenAI clients send beyond plain chat, on the real default model:
+//! structured output (a grammar from a JSON schema), llama.cpp's own `grammar`.
+
+use serde_json::{json, Value};
+use slotgate_tests::*;
+
+fn completion(body: Value) -> Value {
+    let mut body = body;
+    body["model"] = json!(MODEL);
+    body
+}
+
+/// `response_format` with a JSON schema, through OpenAI's SDK (`parse` with a
+/// Pydantic model, then 20 seeds streamed and not, four at a time): every answer
+/// validates against its schema.
+#[tokio::test]
+async fn json_schema_answers_validate_for_every_seed() {
+    let engine = engine(&["--n-parallel", "4", "--ctx-len", "1024"]);
+    let out = tokio::task::spawn_blocking(move || {
+        let out = python_client("structured_output.py", &[&engine.url, MODEL]);
+        drop(engine);
+        out
+    })
+    .await
+    .unwrap();
+    assert!(out.contains("structured output: ok"), "{out}");
+}
+
+/// llama.cpp's `grammar` field constrains text completions; a grammar it cannot
+/// parse, a schema the converter cannot enforce and two constraints at once are
+/// each a 400 that names the field.
+#[tokio::test]
+async fn grammars_constrain_and_bad_ones_are_named() {
+    let engine = engine(&["--n-parallel", "2", "--ctx-len", "256"]);
+    let client = client();
+    let url = format!("{}/v1/completions", engine.url);
+    for seed in 0..4 {
+        let body = completion(json!({"prompt": "The weather today is", "max_tokens": 8,
+            "grammar": "root ::= (\"sunny\" | \"rainy\") \".\"", "seed": seed, "temperature": 1.5}));
+        let (status, answer) = post(&client, &url, &body).await;
+        assert_eq!(status, 200, "{answer}");
+        let text = answer["choices"][0]["text"].as_str().unwrap();
+        assert!(["sunny.", "rainy."].contains(&text), "{text:?}");
+        assert_eq!(answer["choices"][0]["finish_reason"], "stop");
+    }
+    let cases = [
+        (json!({"grammar": "root ::= (\"a\""}), "grammar"),
+        (json!({"json_schema": {"type": "string", "format": "email"}}), "json_schema"),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"schema":
+                {"type": "object", "properties": {"n": {"type": "integer", "maximum": 3}}}}}}),
+            "response_format.json_schema.schema.properties.n",
+        ),
+        (json!({"grammar": "root ::= \"a\"", "json_schema": {}}), "json_schema"),
+        (json!({"response_format": {"type": "yaml"}}), "response_format.type"),
+    ];
+    for (fields, param) in cases {
+        let mut body = completion(json!({"prompt": "x", "max_tokens": 2}));
+        body.as_object_mut().unwrap().extend(fields.as_object().unwrap().clone());
+        let (status, answer) = post(&client, &url, &body).await;
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert_eq!(answer["error"]["param"], param, "{answer}");
+    }
+    // The engine still serves after every refusal.
+    let (status, _) =
+        post(&client, &url, &completion(json!({"prompt": "x", "max_tokens": 2}))).await;
+    assert_eq!(status, 200);
+}
+
+/// Log probabilities, chat and text completions, streamed and not: one entry per
+/// generated token, whose texts make up the answer; greedy decoding picks the most
+/// likely token, so each token is its own first alternative.
+#[tokio::test]
+async fn logprobs_cover_every_token_streamed_and_not() {
+    let engine = engine(&["--n-parallel", "2", "--ctx-len", "256"]);
+    let client = client();
+    let url = format!("{}/v1/chat/completions", engine.url);
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "Name three colours."}],
+        "max_tokens": 8, "temperature": 0, "logprobs": true, "top_logprobs": 3, "cache_prompt": false});
+    let (status, answer) = post(&client, &url, &body).await;
+    assert_eq!(status, 200, "{answer}");
+    let choice = &answer["choices"][0];
+    let content = choice["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(
+        content.len() as u64,
+        answer["usage"]["completion_tokens"].as_u64().unwrap(),
+        "{answer}"
+    );
+    let joined: String = content.iter().map(|t| t["token"].as_str().unwrap()).collect();
+    assert_eq!(joined, choice["message"]["content"].as_str().unwrap());
+    for token in content {
+        let top = token["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3, "{token}");
+        assert_eq!(top[0]["token"], token["token"], "greedy picks the best: {token}");
+        assert!(token["logprob"].as_f64().unwrap() <= 0.0);
+        let bytes: Vec<u8> =
+            token["bytes"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap() as u8).collect();
+        assert_eq!(String::from_utf8_lossy(&bytes), token["token"].as_str().unwrap());
+    }
+
+    let mut streamed_body = body.clone();
+    streamed_body["stream"] = json!(true);
+    let (status, streamed) = stream(&client, &url, &streamed_body).await;
+    assert_eq!(status, 200);
+    let entries: Vec<Value> = streamed
+        .chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array())
+        .flatten()
+        .cloned()
+        .collect();
+    assert_eq!(&entries, content, "the stream carries the same entries");
+
+    let url = format!("{}/v1/completions", engine.url);
+    let body = json!({"model": MODEL, "prompt": "One, two, three,", "max_tokens": 6,
+        "temperature": 0, "logprobs": 2});
+    let (status, answer) = post(&client, &url, &body).await;
+    assert_eq!(status, 200, "{answer}");
+    let logprobs = &answer["choices"][0]["logprobs"];
+    let tokens: Vec<&str> =
+        logprobs["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    assert_eq!(tokens.concat(), answer["choices"][0]["text"].as_str().unwrap());
+    let offsets: Vec<u64> =
+        logprobs["text_offset"].as_array().unwrap().iter().map(|o| o.as_u64().unwrap()).collect();
+    assert_eq!(offsets[0], 0);
+    assert_eq!(offsets[1], tokens[0].chars().count() as u64);
+    assert!(logprobs["top_logprobs"].as_array().unwrap().iter().all(|m| m
+        .as_object()
+        .unwrap()
+        .len()
+        == 2));
+
+    for (path, fields, param) in [
+        ("chat/completions", json!({"logprobs": true, "top_logprobs": 21}), "top_logprobs"),
+        ("chat/completions", json!({"top_logprobs": 2}), "top_logprobs"),
+        ("completions", json!({"logprobs": 6}), "logprobs"),
+    ] {
+        let mut body = if path == "completions" {
+            json!({"model": MODEL, "prompt": "x", "max_tokens": 2})
+        } else {
+            json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2})
+        };
+        body.as_object_mut().unwrap().extend(fields.as_object().unwrap().clone());
+        let (status, answer) = post(&client, &format!("{}/v1/{path}", engine.url), &body).await;
+        assert_eq!((status, answer["error"]["param"].as_str()), (400, Some(param)), "{answer}");
+    }
+}
