@@ -55,6 +55,10 @@ def main() -> None:
         "json_schema": {**chat, "response_format": {"type": "json_schema", "json_schema": {
             "name": "n", "schema": {"type": "object", "properties": {"n": {"type": "integer"}},
                                     "required": ["n"]}}}, "max_tokens": 12},
+        "tools": {**chat, "max_tokens": 60, "tool_choice": "required", "tools": [
+            {"type": "function", "function": {"name": "greet", "parameters": {
+                "type": "object", "properties": {"tone": {"enum": ["warm", "formal"]}},
+                "required": ["tone"]}}}]},
     }
     chunks = 0
     for name, body in variants.items():
@@ -62,6 +66,8 @@ def main() -> None:
         assert r.status_code == 200, (name, r.text)
         answer = r.json()
         check("CreateChatCompletionResponse", answer)
+        if name == "tools":
+            assert answer["choices"][0]["finish_reason"] == "tool_calls", answer
         if name == "logprobs":
             content = answer["choices"][0]["logprobs"]["content"]
             assert content and all(len(t["top_logprobs"]) == 3 for t in content), answer

@@ -145,3 +145,19 @@ async fn logprobs_cover_every_token_streamed_and_not() {
         assert_eq!((status, answer["error"]["param"].as_str()), (400, Some(param)), "{answer}");
     }
 }
+
+/// Tools through OpenAI's SDK on a model whose template has no tool section
+/// (llama-server's generic form): required, streamed, named, and a conversation
+/// that carries a call and its result; and logprobs per token.
+#[tokio::test]
+async fn openai_sdk_calls_tools_on_the_default_model() {
+    let engine = engine(&["--n-parallel", "2", "--ctx-len", "1024"]);
+    let out = tokio::task::spawn_blocking(move || {
+        let out = python_client("tools.py", &[&engine.url, MODEL]);
+        drop(engine);
+        out
+    })
+    .await
+    .unwrap();
+    assert!(out.contains("tools: ok"), "{out}");
+}

@@ -9,6 +9,7 @@ pub mod metrics;
 pub mod scheduler;
 pub mod server;
 pub mod template;
+pub mod tools;
 
 pub use config::{Cli, EngineConfig, ModelSettings};
 pub use error::EngineError;

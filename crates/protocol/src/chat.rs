@@ -150,14 +150,16 @@ pub struct ChatCompletionRequest {
     /// How many alternatives per token, with `logprobs` (0 to 20).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_logprobs: Option<u32>,
-    /// Functions the model may call, as sent; refused (unless `tool_choice` is
-    /// `none`) until tool calls are parsed, as llama-server refuses them without
-    /// a Jinja template.
+    /// Functions the model may call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tools: Option<Value>,
-    /// Whether and which tool to call, as sent.
+    pub tools: Option<Vec<crate::Tool>>,
+    /// Whether and which tool to call, as sent (see [`crate::ToolChoice::read`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<Value>,
+    /// Whether several calls may come in one answer (default false, as in
+    /// llama-server).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
     /// Sampling and streaming settings.
     #[serde(flatten)]
     pub sampling: Sampling,
@@ -176,6 +178,7 @@ impl ChatCompletionRequest {
             top_logprobs: None,
             tools: None,
             tool_choice: None,
+            parallel_tool_calls: None,
             sampling: Sampling::default(),
         }
     }
@@ -197,12 +200,15 @@ pub struct AssistantMessage {
     /// server never refuses, so it is always null.
     #[serde(default)]
     pub refusal: Option<String>,
+    /// The tools the model called, if it called any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<crate::ToolCall>>,
 }
 
 impl AssistantMessage {
     /// The model's answer `text`.
     pub fn text(text: String) -> Self {
-        Self { role: Role::Assistant, content: Some(text), refusal: None }
+        Self { role: Role::Assistant, content: Some(text), refusal: None, tool_calls: None }
     }
 }
 
@@ -250,6 +256,9 @@ pub struct Delta {
     /// New text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// Pieces of tool calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<crate::ToolCallDelta>>,
 }
 
 /// One choice inside a streamed chunk.

@@ -15,6 +15,7 @@ pub mod parse;
 pub mod slots;
 pub mod sse;
 pub mod tokens;
+pub mod tools;
 pub mod validate;
 
 pub use chat::{
@@ -36,4 +37,7 @@ pub use sse::{SseDecoder, SseEvent};
 pub use tokens::{
     ApplyTemplateRequest, ApplyTemplateResponse, DetokenizeRequest, DetokenizeResponse, TokenOut,
     TokenizeRequest, TokenizeResponse,
+};
+pub use tools::{
+    FunctionCall, FunctionCallDelta, FunctionDef, Tool, ToolCall, ToolCallDelta, ToolChoice,
 };

@@ -6,7 +6,6 @@ use crate::common::Sampling;
 use crate::completions::{CompletionRequest, Prompt};
 use crate::embeddings::{EmbeddingInput, EmbeddingRequest};
 use crate::error::ApiError;
-use serde_json::Value;
 
 /// Most choices per prompt, as OpenAI allows.
 pub const MAX_N: u32 = 128;
@@ -148,13 +147,54 @@ impl ChatCompletionRequest {
                 ));
             }
         }
-        let has_tools =
-            self.tools.as_ref().is_some_and(|t| t.as_array().is_none_or(|a| !a.is_empty()));
-        if has_tools && self.tool_choice.as_ref().and_then(Value::as_str) != Some("none") {
-            return Err(ApiError::invalid(
-                "tools",
-                "tool calling is not supported by this server yet; send no tools, or tool_choice `none`",
-            ));
+        let choice = crate::ToolChoice::read(self.tool_choice.as_ref())?;
+        let tools = self.tools.as_deref().unwrap_or_default();
+        for (i, tool) in tools.iter().enumerate() {
+            if tool.kind != "function" {
+                return Err(ApiError::invalid(
+                    format!("tools[{i}].type"),
+                    format!("tool type `{}` is not supported; only `function`", tool.kind),
+                ));
+            }
+            let name = &tool.function.name;
+            if name.is_empty()
+                || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            {
+                return Err(ApiError::invalid(
+                    format!("tools[{i}].function.name"),
+                    "a function name must be letters, digits, `_` or `-`",
+                ));
+            }
+            if tools[..i].iter().any(|t| t.function.name == *name) {
+                return Err(ApiError::invalid(
+                    format!("tools[{i}].function.name"),
+                    format!("two tools are named `{name}`"),
+                ));
+            }
+        }
+        match &choice {
+            crate::ToolChoice::Required if tools.is_empty() => {
+                return Err(ApiError::invalid("tool_choice", "`required` needs `tools`"));
+            }
+            crate::ToolChoice::Function(name)
+                if !tools.iter().any(|t| t.function.name == *name) =>
+            {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!("no tool named `{name}` is in `tools`"),
+                ));
+            }
+            _ => {}
+        }
+        for (i, message) in self.messages.iter().enumerate() {
+            if message.role == Role::Tool
+                && message.tool_call_id.as_deref().is_none_or(str::is_empty)
+            {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].tool_call_id"),
+                    "a tool message needs the `tool_call_id` of the call it answers",
+                ));
+            }
         }
         self.sampling.validate()
     }

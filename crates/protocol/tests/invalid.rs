@@ -68,8 +68,12 @@ fn invalid_chat_requests() {
         (r#"{"model":"m","messages":"hello"}"#.into(), Some("messages"), "invalid type"),
         (chat(r#","top_logprobs":2"#), Some("top_logprobs"), "needs `logprobs: true`"),
         (chat(r#","logprobs":true,"top_logprobs":21"#), Some("top_logprobs"), "between 0 and 20"),
-        // Asked for and not yet produced: refused, so that the client can tell.
-        (chat(r#","tools":[{"type":"function","function":{"name":"f"}}]"#), Some("tools"), "not supported"),
+        (chat(r#","tools":[{"type":"retrieval","function":{"name":"f"}}]"#), Some("tools[0].type"), "only `function`"),
+        (chat(r#","tools":[{"type":"function","function":{"name":"a b"}}]"#), Some("tools[0].function.name"), "letters"),
+        (chat(r#","tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}"#), Some("tool_choice"), "no tool named `g`"),
+        (chat(r#","tool_choice":"required""#), Some("tool_choice"), "needs `tools`"),
+        (chat(r#","tool_choice":"sometimes""#), Some("tool_choice"), "must be"),
+        (r#"{"model":"m","messages":[{"role":"tool","content":"42"}]}"#.into(), Some("messages[0].tool_call_id"), "tool_call_id"),
         ("[1,2]".into(), None, "invalid request body"),
     ];
     for (body, param, message) in cases {
@@ -130,6 +134,7 @@ fn requests_that_ask_for_nothing_unsupported_pass() {
         r#","logprobs":false,"top_logprobs":0"#,
         r#","tools":[]"#,
         r#","tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"none""#,
+        r#","tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required""#,
     ] {
         let body = chat(extra);
         let req: slotgate_protocol::ChatCompletionRequest = serde_json::from_str(&body).unwrap();

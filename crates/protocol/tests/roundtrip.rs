@@ -31,6 +31,8 @@ fn message() -> impl Strategy<Value = ChatMessage> {
     (role(), content(), option::of("[a-z]{1,8}")).prop_map(|(role, content, name)| {
         let mut m = ChatMessage::new(role, "");
         m.content = Some(content);
+        // A tool message answers a call, by its id.
+        m.tool_call_id = (role == Role::Tool).then(|| "call_1".to_owned());
         m.name = name;
         m
     })

@@ -1,4 +1,5 @@
-//! `POST /v1/chat/completions`, `/v1/completions` and `/v1/embeddings`.
+//! `POST /v1/completions` and `/v1/embeddings`, and what the chat handler shares
+//! with them: submitting a job and waiting for its first event.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -6,11 +7,9 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use slotgate_protocol::{
-    sse, ApiError, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk,
-    ChatCompletionRequest, ChoiceLogprobs, ChunkChoice, Completion, CompletionChoice,
-    CompletionLogprobs, CompletionRequest, Delta, Embedding, EmbeddingInput, EmbeddingRequest,
-    EmbeddingResponse, EmbeddingUsage, EmbeddingVector, FinishReason, PromptItem, Role,
-    TokenLogprob, Usage,
+    sse, ApiError, Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, Embedding,
+    EmbeddingInput, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage, EmbeddingVector,
+    FinishReason, PromptItem, TokenLogprob, Usage,
 };
 
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -25,17 +24,17 @@ use crate::scheduler::{Event, GenParams, JobInput, Scheduler};
 /// OpenAI's default `max_tokens` for text completions.
 const COMPLETION_DEFAULT_MAX_TOKENS: u32 = 16;
 
-fn now() -> u64 {
+pub(super) fn now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-fn count(model: &str, status: u16) {
+pub(super) fn count(model: &str, status: u16) {
     metrics::counter!(m::REQUESTS, "model" => model.to_owned(), "status" => status.to_string())
         .increment(1);
 }
 
 /// Counts a refused request of `model` and makes it the handler's error.
-fn fail(model: &str, err: ApiError) -> EngineError {
+pub(super) fn fail(model: &str, err: ApiError) -> EngineError {
     count(model, err.status());
     EngineError::Api(err)
 }
@@ -44,7 +43,7 @@ fn fail(model: &str, err: ApiError) -> EngineError {
 /// a prompt too long) is still a response of its own status. A streamed request
 /// waits at most `keepalive`: past it, the stream opens with keep-alive comments
 /// and the first event comes later, in the stream (`None` here).
-async fn run(
+pub(super) async fn run(
     state: &AppState,
     model: &str,
     input: JobInput,
@@ -69,124 +68,18 @@ async fn run(
 }
 
 /// The keep-alive interval of streams, if there is one.
-fn keepalive(state: &AppState) -> Option<Duration> {
+pub(super) fn keepalive(state: &AppState) -> Option<Duration> {
     let ms = state.config.server.sse_keepalive_ms;
     (ms > 0).then(|| Duration::from_millis(ms))
 }
 
 /// A request that names no model gets the only one loaded, as llama-server
 /// serves whatever it names; with several loaded it must name one.
-fn resolve_model(state: &AppState, model: &mut String) -> Result<(), ApiError> {
+pub(super) fn resolve_model(state: &AppState, model: &mut String) -> Result<(), ApiError> {
     if model.is_empty() {
         model.clone_from(&state.scheduler.snapshot().pick(None)?.id);
     }
     Ok(())
-}
-
-/// `POST /v1/chat/completions`.
-pub async fn chat(
-    State(state): State<AppState>,
-    JsonBody(mut req): JsonBody<ChatCompletionRequest>,
-) -> Result<Response, EngineError> {
-    resolve_model(&state, &mut req.model)?;
-    req.validate().map_err(|e| fail(&req.model, e))?;
-    let mut params = GenParams::from_sampling(&req.sampling, req.max_tokens());
-    params.logprobs = match (req.logprobs, req.sampling.n_probs) {
-        (Some(true), _) => Some(req.top_logprobs.unwrap_or(0)),
-        (None, Some(n)) if n > 0 => Some(n.min(slotgate_protocol::logprobs::MAX_TOP_LOGPROBS)),
-        _ => None,
-    };
-    params.grammar = crate::constrain::grammar(
-        req.sampling.grammar.as_deref(),
-        req.sampling.json_schema.as_ref(),
-        req.response_format.as_ref(),
-    )
-    .map_err(|e| fail(&req.model, e))?;
-    let shape = Shape { choices: params.n, n: params.n };
-    let streamed = req.sampling.is_stream();
-    let with_logprobs = params.logprobs.is_some();
-    let input = JobInput::Chat(req.messages);
-    let (first, rx) = run(&state, &req.model, input, params, streamed).await?;
-    let id = crate::ids::next("chatcmpl");
-    let created = now();
-    count(&req.model, 200);
-    if streamed {
-        let writer = ChatChunks { id, created, model: req.model, logprobs: with_logprobs };
-        let streamed =
-            Streamed { keepalive: keepalive(&state), include_usage: req.sampling.include_usage() };
-        return Ok(answer::stream(first, rx, writer, shape, streamed));
-    }
-    let Some(first) = first else { return Err(ApiError::internal().into()) };
-    let done = answer::collect(first, rx, shape).await?;
-    Ok(Json(ChatCompletion {
-        id,
-        object: "chat.completion".into(),
-        created,
-        model: req.model,
-        system_fingerprint: Some(crate::SYSTEM_FINGERPRINT.into()),
-        choices: done
-            .texts
-            .into_iter()
-            .zip(done.reasons)
-            .zip(done.logprobs)
-            .enumerate()
-            .map(|(i, ((text, reason), logprobs))| ChatChoice {
-                index: i as u32,
-                message: AssistantMessage::text(text),
-                logprobs: with_logprobs.then(|| ChoiceLogprobs::new(logprobs)),
-                finish_reason: Some(reason),
-            })
-            .collect(),
-        usage: Some(done.usage),
-    })
-    .into_response())
-}
-
-struct ChatChunks {
-    id: String,
-    created: u64,
-    model: String,
-    /// Whether chunks carry log probabilities.
-    logprobs: bool,
-}
-
-impl ChatChunks {
-    fn chunk(&self, choices: Vec<ChunkChoice>, usage: Option<Usage>) -> String {
-        sse::encode(&ChatCompletionChunk {
-            id: self.id.clone(),
-            object: "chat.completion.chunk".into(),
-            created: self.created,
-            model: self.model.clone(),
-            system_fingerprint: Some(crate::SYSTEM_FINGERPRINT.into()),
-            choices,
-            usage,
-        })
-    }
-
-    fn delta(&self, index: u32, delta: Delta, finish_reason: Option<FinishReason>) -> String {
-        self.chunk(vec![ChunkChoice { index, delta, logprobs: None, finish_reason }], None)
-    }
-}
-
-impl ChunkWriter for ChatChunks {
-    fn open(&self, index: u32) -> Option<String> {
-        let delta = Delta { role: Some(Role::Assistant), content: Some(String::new()) };
-        Some(self.delta(index, delta, None))
-    }
-
-    fn text(&self, index: u32, text: String, _offset: u32, logprobs: Vec<TokenLogprob>) -> String {
-        let delta = Delta { role: None, content: Some(text) };
-        let logprobs = self.logprobs.then(|| ChoiceLogprobs::new(logprobs));
-        self.chunk(vec![ChunkChoice { index, delta, logprobs, finish_reason: None }], None)
-    }
-
-    fn finish(&self, index: u32, reason: FinishReason) -> String {
-        self.delta(index, Delta::default(), Some(reason))
-    }
-
-    fn usage(&self, usage: Usage) -> String {
-        self.chunk(Vec::new(), Some(usage))
-    }
 }
 
 /// `POST /v1/completions`.

@@ -5,6 +5,7 @@
 mod admin;
 mod answer;
 mod body;
+mod chat;
 mod generate;
 mod tokens;
 
@@ -40,12 +41,12 @@ pub struct AppState {
 pub fn router(state: AppState) -> Router {
     let limit = state.config.server.max_body_bytes;
     Router::new()
-        .route("/v1/chat/completions", post(generate::chat))
+        .route("/v1/chat/completions", post(chat::chat))
         .route("/v1/completions", post(generate::completions))
         .route("/v1/embeddings", post(generate::embeddings))
         .route("/v1/models", get(admin::models))
         // llama-server's aliases, which clients written for it send.
-        .route("/chat/completions", post(generate::chat))
+        .route("/chat/completions", post(chat::chat))
         .route("/completions", post(generate::completions))
         .route("/embeddings", post(generate::embeddings))
         .route("/models", get(admin::models))

@@ -1,0 +1,252 @@
+//! `POST /v1/chat/completions`: a conversation in, a message out, with tools,
+//! structured output and log probabilities.
+//!
+//! With tools the answer is read whole before it is known to be a call or a
+//! reply, so a streamed answer holds the text back and, at the end, sends each
+//! call as OpenAI streams them: id, type and name first, then the arguments in
+//! pieces, then `finish_reason: "tool_calls"`.
+
+use std::sync::Mutex;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use slotgate_protocol::{
+    sse, ApiError, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk,
+    ChatCompletionRequest, ChoiceLogprobs, ChunkChoice, Delta, FinishReason, FunctionCallDelta,
+    Role, TokenLogprob, ToolCall, ToolCallDelta, Usage,
+};
+
+use super::answer::{self, ChunkWriter, Shape, Streamed};
+use super::body::JsonBody;
+use super::generate::{count, fail, keepalive, now, resolve_model, run};
+use super::AppState;
+use crate::error::EngineError;
+use crate::scheduler::{GenParams, JobInput};
+use crate::tools::{self, ToolPlan};
+
+/// Pieces a streamed call's arguments are sent in, at most.
+const ARGUMENT_PIECES: usize = 4;
+
+/// `POST /v1/chat/completions`.
+pub async fn chat(
+    State(state): State<AppState>,
+    JsonBody(mut req): JsonBody<ChatCompletionRequest>,
+) -> Result<Response, EngineError> {
+    resolve_model(&state, &mut req.model)?;
+    let model = req.model.clone();
+    req.validate().map_err(|e| fail(&model, e))?;
+    let plan = ToolPlan::read(&req).map_err(|e| fail(&model, e))?;
+    let mut params = GenParams::from_sampling(&req.sampling, req.max_tokens());
+    params.logprobs = match (req.logprobs, req.sampling.n_probs) {
+        (Some(true), _) => Some(req.top_logprobs.unwrap_or(0)),
+        (None, Some(n)) if n > 0 => Some(n.min(slotgate_protocol::logprobs::MAX_TOP_LOGPROBS)),
+        _ => None,
+    };
+    params.grammar = crate::constrain::grammar(
+        req.sampling.grammar.as_deref(),
+        req.sampling.json_schema.as_ref(),
+        req.response_format.as_ref(),
+    )
+    .map_err(|e| fail(&model, e))?;
+    let mut messages = tools::generic_history(std::mem::take(&mut req.messages));
+    if let Some(plan) = &plan {
+        if params.grammar.is_some() {
+            let err = ApiError::invalid(
+                "tools",
+                "tools and a response format (or grammar) cannot both constrain one answer",
+            );
+            return Err(fail(&model, err));
+        }
+        params.grammar = Some(plan.generic_grammar().map_err(|e| fail(&model, e))?);
+        messages = plan.generic_messages(messages);
+    }
+    let shape = Shape { choices: params.n, n: params.n };
+    let streamed = req.sampling.is_stream();
+    let with_logprobs = params.logprobs.is_some();
+    let (first, rx) = run(&state, &model, JobInput::Chat(messages), params, streamed).await?;
+    let id = crate::ids::next("chatcmpl");
+    let created = now();
+    count(&model, 200);
+    if streamed {
+        let held = Mutex::new(vec![Held::default(); shape.choices as usize]);
+        let writer = ChatChunks { id, created, model, logprobs: with_logprobs, plan, held };
+        let streamed =
+            Streamed { keepalive: keepalive(&state), include_usage: req.sampling.include_usage() };
+        return Ok(answer::stream(first, rx, writer, shape, streamed));
+    }
+    let Some(first) = first else { return Err(ApiError::internal().into()) };
+    let done = answer::collect(first, rx, shape).await?;
+    let choices = done
+        .texts
+        .into_iter()
+        .zip(done.reasons)
+        .zip(done.logprobs)
+        .enumerate()
+        .map(|(i, ((text, reason), logprobs))| {
+            let (message, reason) = message(plan.as_ref(), text, reason);
+            ChatChoice {
+                index: i as u32,
+                message,
+                logprobs: with_logprobs.then(|| ChoiceLogprobs::new(logprobs)),
+                finish_reason: Some(reason),
+            }
+        })
+        .collect();
+    Ok(Json(ChatCompletion {
+        id,
+        object: "chat.completion".into(),
+        created,
+        model,
+        system_fingerprint: Some(crate::SYSTEM_FINGERPRINT.into()),
+        choices,
+        usage: Some(done.usage),
+    })
+    .into_response())
+}
+
+/// The assistant's message from its whole text, and the finish reason: with
+/// tools, the calls it makes (`tool_calls`, when it made any and was not cut off).
+fn message(
+    plan: Option<&ToolPlan>,
+    text: String,
+    reason: FinishReason,
+) -> (AssistantMessage, FinishReason) {
+    let Some(plan) = plan.filter(|_| reason == FinishReason::Stop) else {
+        return (AssistantMessage::text(text), reason);
+    };
+    let (content, calls) = plan.read_answer(&text);
+    if calls.is_empty() {
+        return (AssistantMessage::text(content.unwrap_or_default()), reason);
+    }
+    let message =
+        AssistantMessage { role: Role::Assistant, content, refusal: None, tool_calls: Some(calls) };
+    (message, FinishReason::ToolCalls)
+}
+
+/// A choice's text and log probabilities held back until it is known whether it
+/// is a call.
+#[derive(Debug, Clone, Default)]
+struct Held {
+    text: String,
+    logprobs: Vec<TokenLogprob>,
+}
+
+struct ChatChunks {
+    id: String,
+    created: u64,
+    model: String,
+    /// Whether chunks carry log probabilities.
+    logprobs: bool,
+    /// The request's tools, when it may call any.
+    plan: Option<ToolPlan>,
+    /// With tools, each choice's text so far.
+    held: Mutex<Vec<Held>>,
+}
+
+impl ChatChunks {
+    fn chunk(&self, choices: Vec<ChunkChoice>, usage: Option<Usage>) -> String {
+        sse::encode(&ChatCompletionChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk".into(),
+            created: self.created,
+            model: self.model.clone(),
+            system_fingerprint: Some(crate::SYSTEM_FINGERPRINT.into()),
+            choices,
+            usage,
+        })
+    }
+
+    fn delta(&self, index: u32, delta: Delta, finish_reason: Option<FinishReason>) -> String {
+        self.chunk(vec![ChunkChoice { index, delta, logprobs: None, finish_reason }], None)
+    }
+
+    fn content(&self, index: u32, text: String, logprobs: Vec<TokenLogprob>) -> String {
+        let delta = Delta { content: Some(text), ..Delta::default() };
+        let logprobs = self.logprobs.then(|| ChoiceLogprobs::new(logprobs));
+        self.chunk(vec![ChunkChoice { index, delta, logprobs, finish_reason: None }], None)
+    }
+
+    /// The chunks of one call: its id, type and name, then its arguments in pieces.
+    fn call(&self, index: u32, position: u32, call: ToolCall) -> String {
+        let piece = |function: FunctionCallDelta, first: bool| {
+            let delta = ToolCallDelta {
+                index: position,
+                id: first.then(|| call.id.clone()),
+                kind: first.then(|| "function".to_owned()),
+                function,
+            };
+            self.delta(index, Delta { tool_calls: Some(vec![delta]), ..Delta::default() }, None)
+        };
+        let name = Some(call.function.name.clone());
+        let mut out = piece(FunctionCallDelta { name, arguments: Some(String::new()) }, true);
+        for part in pieces(&call.function.arguments, ARGUMENT_PIECES) {
+            out.push_str(&piece(FunctionCallDelta { name: None, arguments: Some(part) }, false));
+        }
+        out
+    }
+}
+
+/// `text` cut into at most `n` pieces of about equal length, on character bounds.
+fn pieces(text: &str, n: usize) -> Vec<String> {
+    let chars: Vec<char> = text.chars().collect();
+    let size = chars.len().div_ceil(n).max(1);
+    chars.chunks(size).map(|c| c.iter().collect()).collect()
+}
+
+impl ChunkWriter for ChatChunks {
+    fn open(&self, index: u32) -> Option<String> {
+        let delta =
+            Delta { role: Some(Role::Assistant), content: Some(String::new()), tool_calls: None };
+        Some(self.delta(index, delta, None))
+    }
+
+    fn text(&self, index: u32, text: String, _offset: u32, logprobs: Vec<TokenLogprob>) -> String {
+        if self.plan.is_none() {
+            return self.content(index, text, logprobs);
+        }
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(held) = held.get_mut(index as usize) {
+            held.text.push_str(&text);
+            held.logprobs.extend(logprobs);
+        }
+        String::new()
+    }
+
+    fn finish(&self, index: u32, reason: FinishReason) -> String {
+        let Some(plan) = &self.plan else {
+            return self.delta(index, Delta::default(), Some(reason));
+        };
+        let held = {
+            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            held.get_mut(index as usize).map(std::mem::take).unwrap_or_default()
+        };
+        let (message, reason) = message(Some(plan), held.text, reason);
+        let mut out = String::new();
+        if let Some(text) = message.content.filter(|t| !t.is_empty()) {
+            out.push_str(&self.content(index, text, held.logprobs));
+        }
+        for (position, call) in message.tool_calls.into_iter().flatten().enumerate() {
+            out.push_str(&self.call(index, position as u32, call));
+        }
+        out.push_str(&self.delta(index, Delta::default(), Some(reason)));
+        out
+    }
+
+    fn usage(&self, usage: Usage) -> String {
+        self.chunk(Vec::new(), Some(usage))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pieces;
+
+    #[test]
+    fn arguments_are_cut_on_character_bounds() {
+        assert_eq!(pieces(r#"{"city":"Zürich"}"#, 4).concat(), r#"{"city":"Zürich"}"#);
+        assert_eq!(pieces(r#"{"city":"Zürich"}"#, 4).len(), 4);
+        assert_eq!(pieces("{}", 4), vec!["{", "}"]);
+        assert!(pieces("", 4).is_empty());
+    }
+}
