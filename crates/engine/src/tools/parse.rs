@@ -129,7 +129,7 @@ fn llama3(text: &str) -> Option<Parsed> {
         value.get("parameters").or_else(|| value.get("arguments"))?;
         calls.push(call(&value)?);
     }
-    (!calls.is_empty()).then(|| Parsed { content: None, calls })
+    (!calls.is_empty()).then_some(Parsed { content: None, calls })
 }
 
 fn mistral(text: &str) -> Option<Parsed> {
