@@ -161,3 +161,73 @@ async fn openai_sdk_calls_tools_on_the_default_model() {
     .unwrap();
     assert!(out.contains("tools: ok"), "{out}");
 }
+
+fn fixture(name: &str) -> String {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/templates")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// A Jinja template with a tool section (the Qwen 2.5-style fixture) is given
+/// the tools: a required call comes in its `<tool_call>` tags, constrained by a
+/// grammar, and is read back into `tool_calls`; `/props` and `/apply-template`
+/// show that template. A template's own `raise_exception` is a 400.
+#[tokio::test]
+async fn a_jinja_template_with_tools_writes_calls_in_its_own_format() {
+    let qwen = fixture("qwen2.5-tools.jinja");
+    let engine = engine(&["--n-parallel", "2", "--ctx-len", "1024", "--chat-template-file", &qwen]);
+    let client = client();
+    let (_, props) = get(&client, &format!("{}/props", engine.url)).await;
+    assert_eq!(props["chat_template_name"], "jinja", "{props}");
+    assert_eq!(props["chat_template"], std::fs::read_to_string(&qwen).unwrap());
+    let (status, applied) = post(
+        &client,
+        &format!("{}/apply-template", engine.url),
+        &json!({"messages": [{"role": "user", "content": "Hi"}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{applied}");
+    assert!(applied["prompt"]
+        .as_str()
+        .unwrap()
+        .ends_with("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"));
+
+    let url = format!("{}/v1/chat/completions", engine.url);
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}}, "required": ["city"]}}}]);
+    for seed in 0..3 {
+        let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "Weather in Paris?"}],
+            "tools": tools, "tool_choice": "required", "max_tokens": 40, "seed": seed});
+        let (status, answer) = post(&client, &url, &body).await;
+        assert_eq!(status, 200, "{answer}");
+        let choice = &answer["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls", "{answer}");
+        let call = &choice["message"]["tool_calls"][0]["function"];
+        assert_eq!(call["name"], "get_weather");
+        let arguments: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+        assert!(["Paris", "Oslo"].contains(&arguments["city"].as_str().unwrap()), "{arguments}");
+    }
+    drop(engine);
+
+    let llama = slotgate_tests::engine(&[
+        "--n-parallel",
+        "1",
+        "--ctx-len",
+        "256",
+        "--chat-template-file",
+        &fixture("llama3.jinja"),
+    ]);
+    let url = format!("{}/v1/chat/completions", llama.url);
+    let body = json!({"model": MODEL, "messages": [{"role": "developer", "content": "x"}], "max_tokens": 2});
+    let (status, answer) = post(&client, &url, &body).await;
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        answer["error"]["message"].as_str().unwrap().contains("Conversation roles must be"),
+        "{answer}"
+    );
+    let body =
+        json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2});
+    assert_eq!(post(&client, &url, &body).await.0, 200, "the engine serves on");
+}

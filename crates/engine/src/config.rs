@@ -54,10 +54,15 @@ pub struct ModelSettings {
     /// How long a request may wait for a slot, in milliseconds.
     #[arg(long, default_value_t = 30_000)]
     pub queue_timeout_ms: u64,
-    /// `auto`, a built-in name (`gemma`, `chatml`, `llama3`), or `model` for the
-    /// template stored in the GGUF. Ignored when the three prompts below are set.
+    /// `auto`, a built-in name (`gemma`, `chatml`, `llama3`), `jinja` for the
+    /// GGUF's own template rendered as Jinja, or `model` for the GGUF's template
+    /// through llama.cpp's detection. `auto` is `jinja` when the GGUF has a
+    /// template. Ignored when `chat_template_file` or the three prompts are set.
     #[arg(long, default_value = "auto")]
     pub chat_template: String,
+    /// A Jinja chat template to render conversations with, from this file.
+    #[arg(long)]
+    pub chat_template_file: Option<PathBuf>,
     /// Nitro's template form: text before the system message.
     #[arg(long)]
     pub pre_prompt: Option<String>,
@@ -195,6 +200,9 @@ impl ModelSettings {
         if self.threads == Some(0) {
             return bad("threads", "must be at least 1".into());
         }
+        if let Some(file) = self.chat_template_file.as_ref().filter(|f| !f.is_file()) {
+            return bad("chat_template_file", format!("{} is not a readable file", file.display()));
+        }
         let prompts = [&self.pre_prompt, &self.user_prompt, &self.ai_prompt];
         let set = prompts.iter().filter(|p| p.is_some()).count();
         if set != 0 && set != 3 {
@@ -240,6 +248,9 @@ impl ModelSettings {
                 user_prompt: user.clone(),
                 ai_prompt: ai.clone(),
             });
+        }
+        if self.chat_template_file.is_some() {
+            return TemplateChoice::Fixed(ChatTemplate::Jinja);
         }
         match ChatTemplate::by_name(&self.chat_template) {
             Some(t) => TemplateChoice::Fixed(t),
@@ -469,8 +480,12 @@ mod tests {
                     "slot_prompt_similarity: must be between 0 and 1",
                 ),
                 (
-                    with_model(&["--chat-template", "jinja"]),
-                    "chat_template: unknown template `jinja`",
+                    with_model(&["--chat-template", "jinja2"]),
+                    "chat_template: unknown template `jinja2`",
+                ),
+                (
+                    with_model(&["--chat-template-file", "/nonexistent.jinja"]),
+                    "chat_template_file: /nonexistent.jinja is not a readable file",
                 ),
                 (
                     with_model(&["--pre-prompt", "x"]),

@@ -8,14 +8,15 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use slotgate_protocol::{ApiError, ChatMessage, FinishReason, PromptItem, TokenLogprob};
+use slotgate_protocol::{ApiError, ChatMessage, FinishReason, PromptItem, TokenLogprob, Tool};
 use tokio::sync::mpsc;
 
 /// What to generate from.
 #[derive(Debug, Clone)]
 pub enum JobInput {
-    /// A conversation, rendered with the model's chat template.
-    Chat(Vec<ChatMessage>),
+    /// A conversation, rendered with the model's chat template, and the tools
+    /// a Jinja template with a tool section is given.
+    Chat(Vec<ChatMessage>, Option<Vec<Tool>>),
     /// Text completion prompts; choice indexes run prompt-major.
     Prompts(Vec<PromptItem>),
 }

@@ -59,7 +59,7 @@ pub async fn props(State(state): State<AppState>, Query(q): Query<PropsQuery>) -
         "model_alias": model.id,
         "model_path": info.path,
         "modalities": {"vision": false, "audio": false},
-        "chat_template": info.gguf_template,
+        "chat_template": info.chat_template,
         "chat_template_name": info.template_name,
         "build_info": crate::SYSTEM_FINGERPRINT,
     }))

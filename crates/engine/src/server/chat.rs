@@ -36,7 +36,7 @@ pub async fn chat(
     resolve_model(&state, &mut req.model)?;
     let model = req.model.clone();
     req.validate().map_err(|e| fail(&model, e))?;
-    let plan = ToolPlan::read(&req).map_err(|e| fail(&model, e))?;
+    let mut plan = ToolPlan::read(&req).map_err(|e| fail(&model, e))?;
     let mut params = GenParams::from_sampling(&req.sampling, req.max_tokens());
     params.logprobs = match (req.logprobs, req.sampling.n_probs) {
         (Some(true), _) => Some(req.top_logprobs.unwrap_or(0)),
@@ -49,8 +49,21 @@ pub async fn chat(
         req.response_format.as_ref(),
     )
     .map_err(|e| fail(&model, e))?;
-    let mut messages = tools::generic_history(std::mem::take(&mut req.messages));
-    if let Some(plan) = &plan {
+    // A Jinja template with a tool section is given the tools and the history as
+    // they are; any other template gets the generic form.
+    let native = state
+        .scheduler
+        .snapshot()
+        .models
+        .iter()
+        .find(|m| m.id == model)
+        .and_then(|m| m.info.tool_format);
+    let mut messages = std::mem::take(&mut req.messages);
+    let mut template_tools = None;
+    if native.is_none() {
+        messages = tools::generic_history(messages);
+    }
+    if let Some(plan) = plan.as_mut() {
         if params.grammar.is_some() {
             let err = ApiError::invalid(
                 "tools",
@@ -58,13 +71,27 @@ pub async fn chat(
             );
             return Err(fail(&model, err));
         }
-        params.grammar = Some(plan.generic_grammar().map_err(|e| fail(&model, e))?);
-        messages = plan.generic_messages(messages);
+        match native {
+            Some(format) => {
+                plan.format = format;
+                template_tools = Some(plan.tools.clone());
+                // A call that may not happen is left free; one that must is
+                // constrained to the template's format.
+                if plan.required {
+                    params.grammar = plan.native_grammar().map_err(|e| fail(&model, e))?;
+                }
+            }
+            None => {
+                params.grammar = Some(plan.generic_grammar().map_err(|e| fail(&model, e))?);
+                messages = plan.generic_messages(messages);
+            }
+        }
     }
     let shape = Shape { choices: params.n, n: params.n };
     let streamed = req.sampling.is_stream();
     let with_logprobs = params.logprobs.is_some();
-    let (first, rx) = run(&state, &model, JobInput::Chat(messages), params, streamed).await?;
+    let (first, rx) =
+        run(&state, &model, JobInput::Chat(messages, template_tools), params, streamed).await?;
     let id = crate::ids::next("chatcmpl");
     let created = now();
     count(&model, 200);

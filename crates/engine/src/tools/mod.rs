@@ -109,6 +109,46 @@ impl ToolPlan {
         crate::constrain::from_schema(&schema, "tools")
     }
 
+    /// The grammar of a required call in the template's own format (Hermes
+    /// tags, Llama 3's object, Mistral's list); `None` for the generic form.
+    pub fn native_grammar(&self) -> Result<Option<String>, ApiError> {
+        let key = match self.format {
+            CallFormat::Generic => return Ok(None),
+            CallFormat::Llama3 => "parameters",
+            CallFormat::Hermes | CallFormat::Mistral => "arguments",
+        };
+        let mut calls = Vec::with_capacity(self.tools.len());
+        for tool in &self.tools {
+            let parameters =
+                tool.function.parameters.clone().unwrap_or_else(|| json!({"type": "object"}));
+            crate::constrain::from_schema(&parameters, &self.param_of(&tool.function.name))?;
+            calls.push(json!({"type": "object", "properties": {
+                "name": {"const": tool.function.name}, key: parameters}, "required": ["name", key]}));
+        }
+        let call = crate::constrain::from_schema(&json!({"anyOf": calls}), "tools")?;
+        // The call's grammar under another root name, inside the format's markers.
+        let call = call.replacen("root ::= ", "call ::= ", 1);
+        // Further calls, when several are allowed.
+        let more = |separator: &str, one: &str| {
+            if self.parallel {
+                format!(" ({separator} {one})*")
+            } else {
+                String::new()
+            }
+        };
+        let root = match self.format {
+            CallFormat::Hermes => {
+                let tag = r#""<tool_call>\n" call "\n</tool_call>""#;
+                format!("root ::= {tag}{}", more(r#""\n""#, tag))
+            }
+            CallFormat::Mistral => {
+                format!(r#"root ::= "[TOOL_CALLS][" call{} "]""#, more(r#""," ws"#, "call"))
+            }
+            _ => format!("root ::= call{}", more(r#""; ""#, "call")),
+        };
+        Ok(Some(format!("{root}\n{call}")))
+    }
+
     /// Where a tool's parameters are, for error messages.
     fn param_of(&self, name: &str) -> String {
         format!("tools.{name}.function.parameters")
@@ -186,6 +226,16 @@ mod tests {
         let named = ToolPlan::read(&named).unwrap().unwrap();
         assert_eq!((named.tools.len(), named.required, named.parallel), (1, true, false));
         assert!(named.generic_grammar().unwrap().contains(r#""\"now\"""#));
+        let mut hermes = named.clone();
+        hermes.format = CallFormat::Hermes;
+        let grammar = hermes.native_grammar().unwrap().unwrap();
+        assert!(
+            grammar.starts_with("root ::= \"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall ::= "),
+            "{grammar}"
+        );
+        hermes.parallel = true;
+        let grammar = hermes.native_grammar().unwrap().unwrap();
+        assert!(grammar.lines().next().unwrap().ends_with(")*"), "{grammar}");
     }
 
     #[test]

@@ -27,6 +27,7 @@ use super::job::{Event, Outbox, Task};
 use super::slot::Slot;
 use crate::config::{ModelSettings, TemplateChoice};
 use crate::error::EngineError;
+use crate::template::jinja::JinjaTemplate;
 use crate::template::ChatTemplate;
 pub use vocab::{VocabAnswer, VocabJob, VocabOp};
 
@@ -56,10 +57,13 @@ pub struct ModelInfo {
     pub ctx_len: u32,
     /// Slots.
     pub n_parallel: u32,
-    /// The template in use: `gemma`, `chatml`, `llama3`, `prompts` or `model`.
+    /// The template in use: `gemma`, `chatml`, `llama3`, `prompts`, `jinja` or `model`.
     pub template_name: &'static str,
-    /// The GGUF's own Jinja template, when it has one; else empty.
-    pub gguf_template: String,
+    /// The Jinja template in use, else the GGUF's own, else empty.
+    pub chat_template: String,
+    /// How the template has the model write tool calls, when it has a tool
+    /// section; without one, tools take the generic form.
+    pub tool_format: Option<crate::tools::CallFormat>,
 }
 
 /// What `/slots`, `/v1/models`, `/props` and `/metrics` show of a model.
@@ -84,6 +88,8 @@ pub(crate) struct ModelRuntime {
     settings: ModelSettings,
     created: u64,
     template: ChatTemplate,
+    /// The compiled template, when `template` is `Jinja`.
+    jinja: Option<JinjaTemplate>,
     n_vocab: i32,
     loaded: Loaded,
     batch: LlamaBatch<'static>,
@@ -108,19 +114,50 @@ impl ModelRuntime {
         let architecture = model.meta_val_str("general.architecture").unwrap_or_default();
         // The GGUF's own template, read once: it picks `auto`, and `/props` shows it.
         let own_template = model.chat_template(None).ok();
-        let template = match settings.template() {
+        let own_template = own_template.and_then(|t| t.to_string().ok());
+        let mut template = match settings.template() {
             TemplateChoice::Fixed(t) => t,
             TemplateChoice::Auto => ChatTemplate::auto(own_template.is_some(), &architecture),
         };
-        if template == ChatTemplate::Model && own_template.is_none() {
-            return Err(load_err("chat_template `model`: the GGUF has no chat template".into()));
+        if matches!(template, ChatTemplate::Model | ChatTemplate::Jinja)
+            && own_template.is_none()
+            && settings.chat_template_file.is_none()
+        {
+            return Err(load_err(format!(
+                "chat_template `{}`: the GGUF has no chat template",
+                template.name()
+            )));
         }
+        let jinja = if template == ChatTemplate::Jinja {
+            let jinja = jinja_template(&model, &settings, own_template.as_deref());
+            match jinja {
+                Ok(jinja) => Some(jinja),
+                Err(reason) if settings.chat_template.as_str() != "auto" => {
+                    return Err(load_err(reason))
+                }
+                Err(reason) => {
+                    // `auto` does not refuse a model whose template minijinja cannot
+                    // read: llama.cpp's detection renders it instead, without tools.
+                    tracing::warn!(%reason, "the GGUF's template is not usable as Jinja; llama.cpp renders it");
+                    template = ChatTemplate::Model;
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let info = std::sync::Arc::new(ModelInfo {
             path: path.display().to_string(),
             ctx_len: settings.ctx_len,
             n_parallel: settings.n_parallel,
             template_name: template.name(),
-            gguf_template: own_template.and_then(|t| t.to_string().ok()).unwrap_or_default(),
+            tool_format: jinja
+                .as_ref()
+                .and_then(|j| crate::tools::CallFormat::of_template(j.source())),
+            chat_template: match &jinja {
+                Some(j) => j.source().to_owned(),
+                None => own_template.unwrap_or_default(),
+            },
         });
         let n_parallel = settings.n_parallel;
         let threads = settings.threads() as i32;
@@ -150,6 +187,7 @@ impl ModelRuntime {
             info,
             created,
             template,
+            jinja,
             n_vocab,
             loaded,
             batch: LlamaBatch::new(settings.batch_size as usize, 1),
@@ -226,4 +264,22 @@ impl ModelRuntime {
             queue_depth: self.queue.len(),
         }
     }
+}
+
+/// The Jinja template a model renders with: `chat_template_file`, else the GGUF's,
+/// compiled with the model's own start and end tokens.
+fn jinja_template(
+    model: &LlamaModel,
+    settings: &ModelSettings,
+    own: Option<&str>,
+) -> Result<JinjaTemplate, String> {
+    let source = match &settings.chat_template_file {
+        Some(file) => std::fs::read_to_string(file)
+            .map_err(|e| format!("chat_template_file {}: {e}", file.display()))?,
+        None => own.ok_or("the GGUF has no chat template")?.to_owned(),
+    };
+    let vocab = model.vocab();
+    let piece = |t| String::from_utf8_lossy(&vocab.token_to_piece(t, true, None)).into_owned();
+    JinjaTemplate::new(source, piece(vocab.bos()), piece(vocab.eos()))
+        .map_err(|e| format!("the chat template does not parse as Jinja: {e}"))
 }

@@ -22,8 +22,8 @@ impl ModelRuntime {
         let model = self.loaded.borrow_owner();
         let vocab = model.vocab();
         let prompts: Vec<(Vec<LlamaToken>, String)> = match &job.input {
-            JobInput::Chat(messages) => {
-                let text = self.render_chat(messages)?;
+            JobInput::Chat(messages, tools) => {
+                let text = self.render_chat(messages, tools.as_deref())?;
                 vec![(vocab.tokenize(text.as_bytes(), true, true), text)]
             }
             JobInput::Prompts(items) => {
@@ -61,7 +61,7 @@ impl ModelRuntime {
                         tokens.len()
                     ),
                 )
-                .with_param(if matches!(job.input, JobInput::Chat(_)) {
+                .with_param(if matches!(job.input, JobInput::Chat(..)) {
                     "messages"
                 } else {
                     "prompt"
@@ -104,7 +104,11 @@ impl ModelRuntime {
     pub(super) fn render_chat(
         &self,
         messages: &[slotgate_protocol::ChatMessage],
+        tools: Option<&[slotgate_protocol::Tool]>,
     ) -> Result<String, ApiError> {
+        if let Some(jinja) = &self.jinja {
+            return jinja.render(messages, tools);
+        }
         match self.template.render(messages) {
             Some(text) => Ok(text),
             None => apply_model_template(self.loaded.borrow_owner(), messages),

@@ -78,7 +78,7 @@ impl ModelRuntime {
                 if messages.is_empty() {
                     return Err(ApiError::invalid("messages", "messages must not be empty"));
                 }
-                self.render_chat(&messages).map(VocabAnswer::Text)
+                self.render_chat(&messages, None).map(VocabAnswer::Text)
             }
         }
     }

@@ -1,9 +1,11 @@
 //! Chat templates: how a conversation becomes one prompt string.
 //!
 //! The built-in templates are written here rather than taken from llama.cpp so that
-//! they run off the scheduler thread and can be tested as plain functions. A model
-//! whose GGUF carries a template of its own uses it through llama.cpp instead (on
-//! the scheduler thread, see `scheduler::model`).
+//! they can be tested as plain functions. A Jinja template (the GGUF's own, or one
+//! from a file) is rendered by [`jinja`]; `model` keeps llama.cpp's own detection
+//! of the GGUF's template, which knows no tools.
+
+pub mod jinja;
 
 use serde::{Deserialize, Serialize};
 use slotgate_protocol::{ChatMessage, Role};
@@ -29,6 +31,9 @@ pub enum ChatTemplate {
     },
     /// The template stored in the model's GGUF, applied by llama.cpp.
     Model,
+    /// A Jinja template (the GGUF's own, or `chat_template_file`), rendered by
+    /// the model's [`jinja::JinjaTemplate`].
+    Jinja,
 }
 
 impl ChatTemplate {
@@ -39,6 +44,7 @@ impl ChatTemplate {
             "chatml" => Some(Self::ChatMl),
             "llama3" => Some(Self::Llama3),
             "model" | "gguf" => Some(Self::Model),
+            "jinja" => Some(Self::Jinja),
             _ => None,
         }
     }
@@ -51,17 +57,18 @@ impl ChatTemplate {
             Self::Llama3 => "llama3",
             Self::Prompts { .. } => "prompts",
             Self::Model => "model",
+            Self::Jinja => "jinja",
         }
     }
 
     /// The names `by_name` accepts, for error messages.
-    pub const NAMES: &'static str = "auto, gemma, chatml, llama3, model";
+    pub const NAMES: &'static str = "auto, gemma, chatml, llama3, jinja, model";
 
-    /// The template for a model that has not named one: its own if its GGUF has
-    /// one, else one chosen by architecture, else ChatML.
+    /// The template for a model that has not named one: its own (as Jinja) if its
+    /// GGUF has one, else one chosen by architecture, else ChatML.
     pub fn auto(has_own_template: bool, architecture: &str) -> Self {
         if has_own_template {
-            Self::Model
+            Self::Jinja
         } else if architecture.starts_with("gemma") {
             Self::Gemma
         } else if architecture == "llama" {
@@ -72,7 +79,8 @@ impl ChatTemplate {
     }
 
     /// Renders the conversation, ending with the opening of the assistant's turn.
-    /// `None` for [`ChatTemplate::Model`], which llama.cpp renders.
+    /// `None` for [`ChatTemplate::Model`] and [`ChatTemplate::Jinja`], rendered
+    /// with the model.
     pub fn render(&self, messages: &[ChatMessage]) -> Option<String> {
         let mut out = String::new();
         match self {
@@ -138,7 +146,7 @@ impl ChatTemplate {
                 }
                 out.push_str(ai_prompt);
             }
-            Self::Model => return None,
+            Self::Model | Self::Jinja => return None,
         }
         Some(out)
     }
@@ -201,7 +209,7 @@ mod tests {
 
     #[test]
     fn auto_prefers_the_model_template_then_the_architecture() {
-        assert_eq!(ChatTemplate::auto(true, "gemma3"), ChatTemplate::Model);
+        assert_eq!(ChatTemplate::auto(true, "gemma3"), ChatTemplate::Jinja);
         assert_eq!(ChatTemplate::auto(false, "gemma3"), ChatTemplate::Gemma);
         assert_eq!(ChatTemplate::auto(false, "qwen2"), ChatTemplate::ChatMl);
     }

@@ -1,0 +1,83 @@
+//! The Jinja templates shipped as fixtures (a Qwen 2.5-style one with tools, a
+//! Llama 3-style one), rendered to the exact strings those templates produce.
+
+use serde_json::json;
+use slotgate_engine::template::jinja::JinjaTemplate;
+use slotgate_protocol::{ChatMessage, Role, Tool};
+
+fn fixture(name: &str) -> JinjaTemplate {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/templates")
+        .join(name);
+    let source = std::fs::read_to_string(&path).unwrap();
+    JinjaTemplate::new(source, "<|begin_of_text|>".into(), "<|eot_id|>".into()).unwrap()
+}
+
+#[test]
+fn qwen_style_template_writes_tools_calls_and_results() {
+    let tools: Vec<Tool> = serde_json::from_value(json!([{"type": "function", "function": {
+        "name": "get_weather", "description": "Weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]))
+    .unwrap();
+    let messages: Vec<ChatMessage> = serde_json::from_value(json!([
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"}
+    ]))
+    .unwrap();
+    let prompt = fixture("qwen2.5-tools.jinja").render(&messages, Some(&tools)).unwrap();
+    assert_eq!(
+        prompt,
+        "<|im_start|>system\nBe brief.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n\
+         You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n\
+         {\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather\", \
+         \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}}\n</tools>\n\n\
+         For each function call, return a json object with function name and arguments within \
+         <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": \
+         <args-json-object>}\n</tool_call><|im_end|>\n\
+         <|im_start|>user\nWeather in Paris?<|im_end|>\n\
+         <|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>\n\
+         <|im_start|>user\n<tool_response>\nSunny\n</tool_response><|im_end|>\n\
+         <|im_start|>assistant\n"
+    );
+    let plain =
+        fixture("qwen2.5-tools.jinja").render(&[ChatMessage::new(Role::User, "Hi")], None).unwrap();
+    assert_eq!(
+        plain,
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n\
+         <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    );
+}
+
+#[test]
+fn llama3_style_template_with_its_date_and_its_own_errors() {
+    let template = fixture("llama3.jinja");
+    let messages =
+        [ChatMessage::new(Role::System, " Be brief. "), ChatMessage::new(Role::User, "Hi")];
+    let prompt = template.render(&messages, None).unwrap();
+    let (head, rest) = prompt.split_once("Today Date: ").unwrap();
+    assert_eq!(
+        head,
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+    );
+    let (date, tail) = rest.split_once("\n\n").unwrap();
+    assert_eq!(date.len(), "04 Dec 2026".len(), "{date}");
+    assert_eq!(
+        tail,
+        "Be brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>\
+         <|start_header_id|>assistant<|end_header_id|>\n\n"
+    );
+    // The template's own raise_exception is a 400 that carries its message.
+    let err = template.render(&[ChatMessage::new(Role::Developer, "x")], None).unwrap_err();
+    assert_eq!(err.status(), 400);
+    assert!(err.message.contains("Conversation roles must be"), "{}", err.message);
+}
+
+#[test]
+fn a_template_that_does_not_parse_says_where() {
+    let err = JinjaTemplate::new("{% for m in messages %}".into(), String::new(), String::new())
+        .unwrap_err();
+    assert!(err.contains("line 1") || err.contains("unexpected end"), "{err}");
+}
