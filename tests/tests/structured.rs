@@ -231,3 +231,49 @@ async fn a_jinja_template_with_tools_writes_calls_in_its_own_format() {
         json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2});
     assert_eq!(post(&client, &url, &body).await.0, 200, "the engine serves on");
 }
+
+/// `aliases` map other names (what clients written for OpenAI send) to a served
+/// model, in the engine and in the gateway: listed in `/v1/models`, answered as
+/// the model; an unknown name stays a 404.
+#[tokio::test]
+async fn aliases_name_a_served_model_in_the_engine_and_the_gateway() {
+    let engine = engine(&["--n-parallel", "1", "--ctx-len", "256", "--alias", "gpt-4o-mini"]);
+    let client = client();
+    let (_, models) = get(&client, &format!("{}/v1/models", engine.url)).await;
+    let ids: Vec<&str> =
+        models["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, vec![MODEL, "gpt-4o-mini"]);
+    let chat = |model: &str| json!({"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2});
+    let url = format!("{}/v1/chat/completions", engine.url);
+    let (status, answer) = post(&client, &url, &chat("gpt-4o-mini")).await;
+    assert_eq!((status, answer["model"].as_str()), (200, Some(MODEL)), "{answer}");
+    assert_eq!(post(&client, &url, &chat("gpt-5")).await.0, 404);
+
+    // The gateway's own alias, for an engine that knows no such name: the body
+    // reaches the engine under the model's name.
+    let plain = slotgate_tests::engine(&["--n-parallel", "1", "--ctx-len", "256"]);
+    let config = std::env::temp_dir().join(format!("slotgate-aliases-{}.toml", std::process::id()));
+    std::fs::write(
+        &config,
+        format!("[aliases]\n\"team-default\" = \"{MODEL}\"\n\"elsewhere\" = \"missing\"\n"),
+    )
+    .unwrap();
+    let gateway = Process::start_with_env(
+        &binary("slotgate"),
+        &["--listen", "127.0.0.1:0", "--backend", &plain.url, "--config", config.to_str().unwrap()],
+        &[
+            ("SLOTGATE_ROUTING__HEALTH_INTERVAL_MS", "100"),
+            ("SLOTGATE_ROUTING__HEALTHY_THRESHOLD", "1"),
+        ],
+    );
+    ready(&client, &gateway, 1).await;
+    let _ = std::fs::remove_file(&config);
+    let (_, models) = get(&client, &format!("{}/v1/models", gateway.url)).await;
+    let ids: Vec<&str> =
+        models["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, vec![MODEL, "team-default"], "an alias of nothing served is not listed");
+    let url = format!("{}/v1/chat/completions", gateway.url);
+    let (status, answer) = post(&client, &url, &chat("team-default")).await;
+    assert_eq!((status, answer["model"].as_str()), (200, Some(MODEL)), "{answer}");
+    assert_eq!(post(&client, &url, &chat("elsewhere")).await.0, 404);
+}

@@ -30,6 +30,10 @@ pub struct ModelSettings {
     /// The name clients send [default: the file name without .gguf].
     #[arg(long)]
     pub model_id: Option<String>,
+    /// Other names clients may send for this model (`gpt-4o-mini`, say); each is
+    /// listed in `/v1/models` and answered as the model.
+    #[arg(long = "alias", value_delimiter = ',')]
+    pub aliases: Vec<String>,
     /// Context of each slot, in tokens.
     #[arg(long, default_value_t = 4096)]
     pub ctx_len: u32,
@@ -165,6 +169,9 @@ impl ModelSettings {
         }
         if self.model_id.as_deref().is_some_and(str::is_empty) {
             return bad("model_id", "must not be empty".into());
+        }
+        if let Some(alias) = self.aliases.iter().find(|a| a.is_empty() || **a == self.id()) {
+            return bad("aliases", format!("`{alias}` is empty or the model's own name"));
         }
         if !(1..=256).contains(&self.n_parallel) {
             return bad(

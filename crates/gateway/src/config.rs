@@ -138,6 +138,9 @@ pub struct GatewayConfig {
     /// Threads that serve clients, each accepting and proxying its own
     /// connections; 0 means one per core.
     pub workers: usize,
+    /// Other names for served models (`"gpt-4o-mini" = "gemma-3-270m-q4_k_m"`):
+    /// listed in `/v1/models`, and sent to the backend under the model's name.
+    pub aliases: std::collections::BTreeMap<String, String>,
 }
 
 impl Default for GatewayConfig {
@@ -150,13 +153,22 @@ impl Default for GatewayConfig {
             drain_timeout_ms: 30_000,
             max_body_bytes: 16 * 1024 * 1024,
             workers: 0,
+            aliases: std::collections::BTreeMap::new(),
         }
     }
 }
 
 /// The top-level keys of [`GatewayConfig`], the only ones read from the environment.
-const TOP_LEVEL_KEYS: &[&str] =
-    &["listen", "backends", "engines", "routing", "drain_timeout_ms", "max_body_bytes", "workers"];
+const TOP_LEVEL_KEYS: &[&str] = &[
+    "listen",
+    "backends",
+    "engines",
+    "routing",
+    "drain_timeout_ms",
+    "max_body_bytes",
+    "workers",
+    "aliases",
+];
 
 /// Command-line flags.
 #[derive(Debug, Default, Parser)]

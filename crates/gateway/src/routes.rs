@@ -160,6 +160,10 @@ async fn models(State(app): Shared) -> Json<ModelList> {
         .filter(|b| b.is_healthy())
         .flat_map(|b| b.models().to_vec())
         .collect();
+    let aliases = app.forwarder.aliases();
+    let named: Vec<String> =
+        aliases.iter().filter(|(_, target)| ids.contains(target)).map(|(a, _)| a.clone()).collect();
+    ids.extend(named);
     ids.sort();
     ids.dedup();
     Json(ModelList::new(ids.into_iter().map(|id| Model::new(id, 0, "slotgate")).collect()))

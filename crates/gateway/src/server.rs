@@ -111,6 +111,7 @@ impl Gateway {
                 retry: Arc::new(RetryPolicy::new(&config.routing)),
                 metrics: crate::metrics::handle(),
                 max_body_bytes: config.max_body_bytes,
+                aliases: Arc::new(config.aliases.clone()),
                 draining: draining.clone(),
                 cut_off: cut_off.clone(),
             }),
@@ -164,6 +165,7 @@ struct Shared {
     retry: Arc<RetryPolicy>,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
     max_body_bytes: usize,
+    aliases: Arc<std::collections::BTreeMap<String, String>>,
     draining: CancellationToken,
     cut_off: CancellationToken,
 }
@@ -222,6 +224,7 @@ fn serve_worker(listener: std::net::TcpListener, shared: &Shared) -> std::io::Re
             shared.pool.clone(),
             Upstream::new(&shared.routing),
             shared.retry.clone(),
+            shared.aliases.clone(),
         );
         let app = Arc::new(App { forwarder, metrics: shared.metrics.clone() });
         let routes = Routes::new(app, shared.max_body_bytes);

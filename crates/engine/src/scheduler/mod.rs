@@ -62,13 +62,15 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// The model named, or the only one loaded when none is named (as llama-server
-    /// serves whatever a request names).
+    /// The model named (by its id or one of its aliases), or the only one loaded
+    /// when none is named (as llama-server serves whatever a request names).
     pub fn pick(&self, model: Option<&str>) -> Result<&ModelSnapshot, ApiError> {
         match (model, self.models.as_slice()) {
-            (Some(name), models) => {
-                models.iter().find(|m| m.id == name).ok_or_else(|| ApiError::model_not_found(name))
-            }
+            (Some(name), models) => models
+                .iter()
+                .find(|m| m.id == name)
+                .or_else(|| models.iter().find(|m| m.info.aliases.iter().any(|a| a == name)))
+                .ok_or_else(|| ApiError::model_not_found(name)),
             (None, [only]) => Ok(only),
             (None, []) => Err(ApiError::new(
                 slotgate_protocol::ErrorType::UnavailableError,

@@ -20,9 +20,12 @@ use crate::error::api_response;
 /// `GET /v1/models`.
 pub async fn models(State(state): State<AppState>) -> Json<ModelList> {
     let snapshot = state.scheduler.snapshot();
-    Json(ModelList::new(
-        snapshot.models.iter().map(|m| Model::new(m.id.clone(), m.created, "slotgate")).collect(),
-    ))
+    let names = snapshot.models.iter().flat_map(|m| {
+        std::iter::once(&m.id)
+            .chain(&m.info.aliases)
+            .map(|name| Model::new(name.clone(), m.created, "slotgate"))
+    });
+    Json(ModelList::new(names.collect()))
 }
 
 /// `GET /health`: 200 when a model serves, 503 while loading or with none.

@@ -76,9 +76,11 @@ pub(super) fn keepalive(state: &AppState) -> Option<Duration> {
 /// A request that names no model gets the only one loaded, as llama-server
 /// serves whatever it names; with several loaded it must name one.
 pub(super) fn resolve_model(state: &AppState, model: &mut String) -> Result<(), ApiError> {
-    if model.is_empty() {
-        model.clone_from(&state.scheduler.snapshot().pick(None)?.id);
-    }
+    let named = Some(model.as_str()).filter(|m| !m.is_empty());
+    // An alias becomes the model's own name here, so everything after (and the
+    // answer's `model`) sees one name.
+    let id = state.scheduler.snapshot().pick(named)?.id.clone();
+    *model = id;
     Ok(())
 }
 

@@ -10,6 +10,7 @@ mod peek;
 mod record;
 mod relay;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -38,12 +39,24 @@ pub struct Forwarder {
     upstream: Upstream,
     /// Shared by every worker thread: one budget for the whole gateway.
     retry: Arc<RetryPolicy>,
+    /// Other names for served models, and the model each names.
+    aliases: Arc<BTreeMap<String, String>>,
 }
 
 impl Forwarder {
     /// A forwarder over `pool`.
-    pub fn new(pool: Arc<Pool>, upstream: Upstream, retry: Arc<RetryPolicy>) -> Self {
-        Self { pool, upstream, retry }
+    pub fn new(
+        pool: Arc<Pool>,
+        upstream: Upstream,
+        retry: Arc<RetryPolicy>,
+        aliases: Arc<BTreeMap<String, String>>,
+    ) -> Self {
+        Self { pool, upstream, retry, aliases }
+    }
+
+    /// Other names for served models, and the model each names.
+    pub fn aliases(&self) -> &BTreeMap<String, String> {
+        &self.aliases
     }
 
     /// The backends and their queues.
@@ -77,6 +90,12 @@ impl Forwarder {
         started: Instant,
     ) -> Result<Response, ApiError> {
         let mut peek = peek::peek(&body, headers, self.pool.uses_affinity())?;
+        let mut body = body;
+        if let Some(target) = self.aliases.get(&peek.model) {
+            // The backend knows the model by its own name: the body says that one.
+            body = peek::rename_model(&body, target)?;
+            peek.model.clone_from(target);
+        }
         if peek.model.is_empty() {
             // Clients written for llama-server name no model: the only one, if
             // there is only one. The backend, serving just that one, does the same.

@@ -71,6 +71,16 @@ pub fn peek(body: &[u8], headers: &HeaderMap, affinity: bool) -> Result<Peek, Ap
     Ok(Peek { model, stream, affinity })
 }
 
+/// `body` with its `model` replaced by `model` (an alias resolved); the rest of
+/// the body is kept as sent.
+pub fn rename_model(body: &axum::body::Bytes, model: &str) -> Result<axum::body::Bytes, ApiError> {
+    let mut value: Value = slotgate_protocol::parse_json(body)?;
+    if let Some(object) = value.as_object_mut() {
+        object.insert("model".into(), Value::String(model.to_owned()));
+    }
+    Ok(axum::body::Bytes::from(serde_json::to_vec(&value).map_err(|_| ApiError::internal())?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -64,6 +64,8 @@ pub struct ModelInfo {
     /// How the template has the model write tool calls, when it has a tool
     /// section; without one, tools take the generic form.
     pub tool_format: Option<crate::tools::CallFormat>,
+    /// Other names clients may send for the model.
+    pub aliases: Vec<String>,
 }
 
 /// What `/slots`, `/v1/models`, `/props` and `/metrics` show of a model.
@@ -151,6 +153,7 @@ impl ModelRuntime {
             ctx_len: settings.ctx_len,
             n_parallel: settings.n_parallel,
             template_name: template.name(),
+            aliases: settings.aliases.clone(),
             tool_format: jinja
                 .as_ref()
                 .and_then(|j| crate::tools::CallFormat::of_template(j.source())),
