@@ -276,4 +276,13 @@ async fn aliases_name_a_served_model_in_the_engine_and_the_gateway() {
     let (status, answer) = post(&client, &url, &chat("team-default")).await;
     assert_eq!((status, answer["model"].as_str()), (200, Some(MODEL)), "{answer}");
     assert_eq!(post(&client, &url, &chat("elsewhere")).await.0, 404);
+
+    // llama-server's `/props`, through the gateway, from a backend serving the model.
+    for query in ["", "?model=team-default"] {
+        let (status, props) = get(&client, &format!("{}/props{query}", gateway.url)).await;
+        assert_eq!(status, 200, "{props}");
+        assert_eq!(props["total_slots"], 1, "{props}");
+    }
+    let (status, _) = get(&client, &format!("{}/props?model=gpt-5", gateway.url)).await;
+    assert_eq!(status, 404);
 }

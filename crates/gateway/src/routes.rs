@@ -127,6 +127,7 @@ fn router(app: Arc<App>, max_body_bytes: usize) -> Router {
         .route("/tokenize", post(not_here))
         .route("/detokenize", post(not_here))
         .route("/apply-template", post(not_here))
+        .route("/props", get(props))
         .route("/v1/models", get(models))
         .route("/models", get(models))
         .route("/health", get(health))
@@ -167,6 +168,57 @@ async fn models(State(app): Shared) -> Json<ModelList> {
     ids.sort();
     ids.dedup();
     Json(ModelList::new(ids.into_iter().map(|id| Model::new(id, 0, "slotgate")).collect()))
+}
+
+/// Query of `GET /props`.
+#[derive(Debug, serde::Deserialize)]
+struct PropsQuery {
+    model: Option<String>,
+}
+
+/// `GET /props`: llama-server's properties of the model named in `?model=` (or
+/// the only one), as a healthy backend serving it answers them.
+async fn props(
+    State(app): Shared,
+    axum::extract::Query(q): axum::extract::Query<PropsQuery>,
+) -> Result<Response, GatewayError> {
+    static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+    let pool = app.forwarder.pool();
+    let named = q.model.filter(|m| !m.is_empty());
+    let model = match named {
+        Some(m) => app.forwarder.aliases().get(&m).cloned().unwrap_or(m),
+        None => pool.only_model().ok_or_else(|| {
+            ApiError::invalid("model", "several models are served here: name one in `?model=`")
+        })?,
+    };
+    if !pool.knows(&model) {
+        return Err(ApiError::model_not_found(&model).into());
+    }
+    let backend =
+        pool.backends().iter().find(|b| b.is_healthy() && b.serves(&model)).ok_or_else(|| {
+            ApiError::new(ErrorType::UnavailableError, "no healthy backend serves it")
+        })?;
+    let client = CLIENT.get_or_init(reqwest::Client::new);
+    let url = format!("{}/props", backend.url());
+    let answer = client
+        .get(url)
+        .query(&[("model", &model)])
+        .timeout(std::time::Duration::from_secs(10))
+        .send()
+        .await
+        .map_err(|_| ApiError::new(ErrorType::UnavailableError, "the backend did not answer"))?;
+    let status = StatusCode::from_u16(answer.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let body = answer
+        .bytes()
+        .await
+        .map_err(|_| ApiError::new(ErrorType::UnavailableError, "the backend did not answer"))?;
+    let mut response = Response::new(axum::body::Body::from(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    Ok(response)
 }
 
 /// `GET /health`: 200 when some backend takes traffic.
