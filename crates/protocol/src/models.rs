@@ -15,12 +15,29 @@ pub struct Model {
     /// Who serves it.
     #[serde(default)]
     pub owned_by: String,
+    /// Other names it answers to (llama-server's field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aliases: Option<Vec<String>>,
+    /// Labels (llama-server's field; none here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tags: Option<Vec<String>>,
+    /// What the model is (llama-server's field: `n_vocab`, `n_ctx_train`, `n_params`...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meta: Option<serde_json::Value>,
 }
 
 impl Model {
     /// A model entry.
     pub fn new(id: impl Into<String>, created: u64, owned_by: impl Into<String>) -> Self {
-        Self { id: id.into(), object: "model".into(), created, owned_by: owned_by.into() }
+        Self {
+            id: id.into(),
+            object: "model".into(),
+            created,
+            owned_by: owned_by.into(),
+            aliases: None,
+            tags: None,
+            meta: None,
+        }
     }
 }
 

@@ -21,9 +21,12 @@ use crate::error::api_response;
 pub async fn models(State(state): State<AppState>) -> Json<ModelList> {
     let snapshot = state.scheduler.snapshot();
     let names = snapshot.models.iter().flat_map(|m| {
-        std::iter::once(&m.id)
-            .chain(&m.info.aliases)
-            .map(|name| Model::new(name.clone(), m.created, "slotgate"))
+        std::iter::once(&m.id).chain(&m.info.aliases).map(|name| Model {
+            aliases: Some(m.info.aliases.clone()),
+            tags: Some(Vec::new()),
+            meta: Some(m.info.meta.clone()),
+            ..Model::new(name.clone(), m.created, "slotgate")
+        })
     });
     Json(ModelList::new(names.collect()))
 }
@@ -56,8 +59,26 @@ pub async fn props(State(state): State<AppState>, Query(q): Query<PropsQuery>) -
         Err(err) => return api_response(err),
     };
     let info = &model.info;
+    let d = crate::scheduler::GenParams::default();
+    let params = json!({
+        "seed": u32::MAX, "temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p,
+        "min_p": d.min_p, "presence_penalty": d.presence_penalty,
+        "frequency_penalty": d.frequency_penalty, "repeat_last_n": 64, "max_tokens": -1,
+        "n_predict": -1, "n_probs": 0, "stream": false, "cache_prompt": d.cache_prompt,
+        "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
+    });
+    // Tools work on every template here (the generic form where it has none).
+    let caps = json!({
+        "supports_tools": true, "supports_tool_calls": true,
+        "supports_parallel_tool_calls": true, "supports_system_role": true,
+        "supports_string_content": true, "supports_typed_content": true,
+        "supports_object_arguments": info.tool_format.is_some(),
+        "supports_preserve_reasoning": false, "supports_reasoning_effort": false,
+    });
     Json(json!({
-        "default_generation_settings": {"n_ctx": info.ctx_len},
+        "default_generation_settings": {"n_ctx": info.ctx_len, "params": params},
+        "model_ftype": info.meta["ftype"],
+        "chat_template_caps": caps,
         "total_slots": info.n_parallel,
         "model_alias": model.id,
         "model_path": info.path,

@@ -66,6 +66,8 @@ pub struct ModelInfo {
     pub tool_format: Option<crate::tools::CallFormat>,
     /// Other names clients may send for the model.
     pub aliases: Vec<String>,
+    /// What the model is, in llama-server's `meta` shape (`n_vocab`, `n_params`...).
+    pub meta: serde_json::Value,
 }
 
 /// What `/slots`, `/v1/models`, `/props` and `/metrics` show of a model.
@@ -154,6 +156,7 @@ impl ModelRuntime {
             n_parallel: settings.n_parallel,
             template_name: template.name(),
             aliases: settings.aliases.clone(),
+            meta: meta(&model, settings.ctx_len),
             tool_format: jinja
                 .as_ref()
                 .and_then(|j| crate::tools::CallFormat::of_template(j.source())),
@@ -285,4 +288,43 @@ fn jinja_template(
     let piece = |t| String::from_utf8_lossy(&vocab.token_to_piece(t, true, None)).into_owned();
     JinjaTemplate::new(source, piece(vocab.bos()), piece(vocab.eos()))
         .map_err(|e| format!("the chat template does not parse as Jinja: {e}"))
+}
+
+/// The model's `meta` as llama-server lists it in `/v1/models`.
+fn meta(model: &LlamaModel, ctx_len: u32) -> serde_json::Value {
+    let file_type = model.meta_val_str("general.file_type").ok().and_then(|t| t.parse().ok());
+    serde_json::json!({
+        "vocab_type": model.vocab().vocab_type() as i32,
+        "n_vocab": model.n_vocab(),
+        "n_ctx": ctx_len,
+        "n_ctx_train": model.n_ctx_train(),
+        "n_embd": model.n_embd(),
+        "n_params": model.n_params(),
+        "size": model.size(),
+        "ftype": file_type.map_or("unknown", ftype_name),
+    })
+}
+
+/// llama.cpp's name of a GGUF's `general.file_type` (`llama_model_ftype_name`).
+fn ftype_name(file_type: u32) -> &'static str {
+    match file_type {
+        0 => "all F32",
+        1 => "F16",
+        2 => "Q4_0",
+        3 => "Q4_1",
+        7 => "Q8_0",
+        8 => "Q5_0",
+        9 => "Q5_1",
+        10 => "Q2_K - Medium",
+        11 => "Q3_K - Small",
+        12 => "Q3_K - Medium",
+        13 => "Q3_K - Large",
+        14 => "Q4_K - Small",
+        15 => "Q4_K - Medium",
+        16 => "Q5_K - Small",
+        17 => "Q5_K - Medium",
+        18 => "Q6_K",
+        32 => "BF16",
+        _ => "unknown",
+    }
 }
