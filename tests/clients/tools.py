@@ -78,6 +78,29 @@ def main() -> None:
                                            seed=3)
     assert after.choices[0].finish_reason in ("stop", "length", "tool_calls"), after
 
+    # With `auto` the model calls or replies; streamed or not, the same answer.
+    kinds = []
+    for seed in range(4):
+        auto = dict(common, seed=seed, temperature=1.0, max_tokens=60)
+        whole = client.chat.completions.create(**auto).choices[0]
+        content, calls, reason = "", {}, None
+        for chunk in client.chat.completions.create(stream=True, **auto):
+            for c in chunk.choices:
+                reason = c.finish_reason or reason
+                content += c.delta.content or ""
+                for d in c.delta.tool_calls or []:
+                    name, args = calls.get(d.index, ("", ""))
+                    calls[d.index] = (name + (d.function.name or ""), args + (d.function.arguments or ""))
+        assert reason == whole.finish_reason, (seed, reason, whole)
+        if whole.message.tool_calls:
+            kinds.append("call")
+            assert [(c.function.name, json.loads(c.function.arguments)) for c in whole.message.tool_calls] \
+                == [(n, json.loads(a)) for n, a in calls.values()], (seed, calls, whole)
+        else:
+            kinds.append("reply")
+            assert content == (whole.message.content or ""), (seed, content, whole)
+    print("auto:", kinds)
+
     lp = client.chat.completions.create(model=model, messages=messages, max_tokens=6, temperature=0,
                                         logprobs=True, top_logprobs=3)
     content = lp.choices[0].logprobs.content

@@ -1,10 +1,11 @@
 //! `POST /v1/chat/completions`: a conversation in, a message out, with tools,
 //! structured output and log probabilities.
 //!
-//! With tools the answer is read whole before it is known to be a call or a
-//! reply, so a streamed answer holds the text back and, at the end, sends each
-//! call as OpenAI streams them: id, type and name first, then the arguments in
-//! pieces, then `finish_reason: "tool_calls"`.
+//! With tools a streamed answer is held back until it is known to be a call or a
+//! reply. A call is read whole and sent as OpenAI streams them: id, type and name
+//! first, then the arguments in pieces, then `finish_reason: "tool_calls"`. A
+//! reply in the generic form (`{"response": "..."}`) is streamed as content while
+//! it is written; in a template's own format, at the end.
 
 use std::sync::Mutex;
 
@@ -23,7 +24,8 @@ use super::generate::{count, fail, keepalive, now, resolve_model, run};
 use super::AppState;
 use crate::error::EngineError;
 use crate::scheduler::{GenParams, JobInput};
-use crate::tools::{self, ToolPlan};
+use crate::tools::reply::ReplyReader;
+use crate::tools::{self, CallFormat, ToolPlan};
 
 /// Pieces a streamed call's arguments are sent in, at most.
 const ARGUMENT_PIECES: usize = 4;
@@ -139,9 +141,19 @@ fn message(
     text: String,
     reason: FinishReason,
 ) -> (AssistantMessage, FinishReason) {
-    let Some(plan) = plan.filter(|_| reason == FinishReason::Stop) else {
+    let Some(plan) = plan else { return (AssistantMessage::text(text), reason) };
+    if reason != FinishReason::Stop {
+        // Cut off: no call is made up from half of one, but a generic reply's
+        // text is what was streamed of it.
+        if plan.format == CallFormat::Generic && !plan.required {
+            let mut reader = ReplyReader::default();
+            let reply = reader.push(&text);
+            if reader.is_reply() {
+                return (AssistantMessage::text(reply), reason);
+            }
+        }
         return (AssistantMessage::text(text), reason);
-    };
+    }
     let (content, calls) = plan.read_answer(&text);
     if calls.is_empty() {
         return (AssistantMessage::text(content.unwrap_or_default()), reason);
@@ -157,6 +169,8 @@ fn message(
 struct Held {
     text: String,
     logprobs: Vec<TokenLogprob>,
+    /// Reads a generic reply as it comes.
+    reply: ReplyReader,
 }
 
 struct ChatChunks {
@@ -232,10 +246,18 @@ impl ChunkWriter for ChatChunks {
         if self.plan.is_none() {
             return self.content(index, text, logprobs);
         }
+        let generic_reply =
+            self.plan.as_ref().is_some_and(|p| p.format == CallFormat::Generic && !p.required);
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(held) = held.get_mut(index as usize) {
-            held.text.push_str(&text);
-            held.logprobs.extend(logprobs);
+        let Some(held) = held.get_mut(index as usize) else { return String::new() };
+        held.text.push_str(&text);
+        held.logprobs.extend(logprobs);
+        if generic_reply {
+            let reply = held.reply.push(&text);
+            if !reply.is_empty() {
+                let logprobs = std::mem::take(&mut held.logprobs);
+                return self.content(index, reply, logprobs);
+            }
         }
         String::new()
     }
@@ -248,8 +270,16 @@ impl ChunkWriter for ChatChunks {
             let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
             held.get_mut(index as usize).map(std::mem::take).unwrap_or_default()
         };
-        let (message, reason) = message(Some(plan), held.text, reason);
         let mut out = String::new();
+        if held.reply.is_reply() {
+            // Its text went out as it was written.
+            if !held.logprobs.is_empty() {
+                out.push_str(&self.content(index, String::new(), held.logprobs));
+            }
+            out.push_str(&self.delta(index, Delta::default(), Some(reason)));
+            return out;
+        }
+        let (message, reason) = message(Some(plan), held.text, reason);
         if let Some(text) = message.content.filter(|t| !t.is_empty()) {
             out.push_str(&self.content(index, text, held.logprobs));
         }

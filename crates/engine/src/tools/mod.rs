@@ -10,6 +10,7 @@
 //! every call names an offered function and its arguments match its schema.
 
 pub mod parse;
+pub mod reply;
 
 use serde_json::{json, Value};
 use slotgate_protocol::{
