@@ -2,10 +2,10 @@
 //! structured output and log probabilities.
 //!
 //! With tools a streamed answer is held back until it is known to be a call or a
-//! reply. A call is read whole and sent as OpenAI streams them: id, type and name
-//! first, then the arguments in pieces, then `finish_reason: "tool_calls"`. A
-//! reply in the generic form (`{"response": "..."}`) is streamed as content while
-//! it is written; in a template's own format, at the end.
+//! reply. In the generic form both go out while they are written: a call as
+//! OpenAI streams them (id, type and name first, then the arguments in pieces,
+//! then `finish_reason: "tool_calls"`), a reply (`{"response": "..."}`) as
+//! content. In a template's own format the answer is read whole at its end.
 
 use std::sync::Mutex;
 
@@ -24,6 +24,7 @@ use super::generate::{count, fail, keepalive, now, resolve_model, run};
 use super::AppState;
 use crate::error::EngineError;
 use crate::scheduler::{GenParams, JobInput};
+use crate::tools::calls::{CallPiece, CallReader};
 use crate::tools::reply::ReplyReader;
 use crate::tools::{self, CallFormat, ToolPlan};
 
@@ -171,6 +172,8 @@ struct Held {
     logprobs: Vec<TokenLogprob>,
     /// Reads a generic reply as it comes.
     reply: ReplyReader,
+    /// Reads generic calls as they come.
+    calls: CallReader,
 }
 
 struct ChatChunks {
@@ -208,23 +211,33 @@ impl ChatChunks {
         self.chunk(vec![ChunkChoice { index, delta, logprobs, finish_reason: None }], None)
     }
 
-    /// The chunks of one call: its id, type and name, then its arguments in pieces.
+    /// The chunks of one whole call: its id, type and name, then its arguments
+    /// in pieces.
     fn call(&self, index: u32, position: u32, call: ToolCall) -> String {
-        let piece = |function: FunctionCallDelta, first: bool| {
-            let delta = ToolCallDelta {
-                index: position,
-                id: first.then(|| call.id.clone()),
-                kind: first.then(|| "function".to_owned()),
-                function,
-            };
-            self.delta(index, Delta { tool_calls: Some(vec![delta]), ..Delta::default() }, None)
-        };
-        let name = Some(call.function.name.clone());
-        let mut out = piece(FunctionCallDelta { name, arguments: Some(String::new()) }, true);
+        let mut out = self.call_start(index, position, call.id, call.function.name);
         for part in pieces(&call.function.arguments, ARGUMENT_PIECES) {
-            out.push_str(&piece(FunctionCallDelta { name: None, arguments: Some(part) }, false));
+            out.push_str(&self.call_arguments(index, position, part));
         }
         out
+    }
+
+    /// The chunk that opens a call: its id, type and name.
+    fn call_start(&self, index: u32, position: u32, id: String, name: String) -> String {
+        let function = FunctionCallDelta { name: Some(name), arguments: Some(String::new()) };
+        let delta = ToolCallDelta {
+            index: position,
+            id: Some(id),
+            kind: Some("function".into()),
+            function,
+        };
+        self.delta(index, Delta { tool_calls: Some(vec![delta]), ..Delta::default() }, None)
+    }
+
+    /// A chunk of a call's arguments.
+    fn call_arguments(&self, index: u32, position: u32, text: String) -> String {
+        let function = FunctionCallDelta { name: None, arguments: Some(text) };
+        let delta = ToolCallDelta { index: position, id: None, kind: None, function };
+        self.delta(index, Delta { tool_calls: Some(vec![delta]), ..Delta::default() }, None)
     }
 }
 
@@ -246,20 +259,31 @@ impl ChunkWriter for ChatChunks {
         if self.plan.is_none() {
             return self.content(index, text, logprobs);
         }
-        let generic_reply =
-            self.plan.as_ref().is_some_and(|p| p.format == CallFormat::Generic && !p.required);
+        let generic = self.plan.as_ref().filter(|p| p.format == CallFormat::Generic);
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         let Some(held) = held.get_mut(index as usize) else { return String::new() };
         held.text.push_str(&text);
         held.logprobs.extend(logprobs);
-        if generic_reply {
+        let Some(plan) = generic else { return String::new() };
+        let mut out = String::new();
+        for piece in held.calls.push(&text) {
+            out.push_str(&match piece {
+                CallPiece::Start { index: position, name } => {
+                    self.call_start(index, position, crate::ids::next("call"), name)
+                }
+                CallPiece::Arguments { index: position, text } => {
+                    self.call_arguments(index, position, text)
+                }
+            });
+        }
+        if !plan.required {
             let reply = held.reply.push(&text);
             if !reply.is_empty() {
                 let logprobs = std::mem::take(&mut held.logprobs);
-                return self.content(index, reply, logprobs);
+                out.push_str(&self.content(index, reply, logprobs));
             }
         }
-        String::new()
+        out
     }
 
     fn finish(&self, index: u32, reason: FinishReason) -> String {
@@ -271,6 +295,13 @@ impl ChunkWriter for ChatChunks {
             held.get_mut(index as usize).map(std::mem::take).unwrap_or_default()
         };
         let mut out = String::new();
+        if held.calls.calls() > 0 {
+            // The calls went out as they were written.
+            let reason =
+                if reason == FinishReason::Stop { FinishReason::ToolCalls } else { reason };
+            out.push_str(&self.delta(index, Delta::default(), Some(reason)));
+            return out;
+        }
         if held.reply.is_reply() {
             // Its text went out as it was written.
             if !held.logprobs.is_empty() {

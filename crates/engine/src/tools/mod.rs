@@ -9,6 +9,7 @@
 //! parameter schemas. So with `tool_choice: "required"` (or a named function)
 //! every call names an offered function and its arguments match its schema.
 
+pub mod calls;
 pub mod parse;
 pub mod reply;
 
