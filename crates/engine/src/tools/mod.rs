@@ -87,16 +87,7 @@ impl ToolPlan {
     /// The grammar of the generic form's answer; a parameter schema the converter
     /// cannot enforce is a 400 naming the tool.
     pub fn generic_grammar(&self) -> Result<String, ApiError> {
-        let mut calls = Vec::with_capacity(self.tools.len());
-        for tool in &self.tools {
-            let parameters =
-                tool.function.parameters.clone().unwrap_or_else(|| json!({"type": "object"}));
-            // Checked on its own first, so that an error names the tool's schema.
-            crate::constrain::from_schema(&parameters, &self.param_of(&tool.function.name))?;
-            calls.push(json!({"type": "object", "properties": {
-                "name": {"const": tool.function.name}, "arguments": parameters},
-                "required": ["name", "arguments"]}));
-        }
+        let calls = self.call_schemas("arguments")?;
         let mut list = json!({"type": "array", "items": {"anyOf": calls}, "minItems": 1});
         if !self.parallel {
             list["maxItems"] = json!(1);
@@ -119,14 +110,7 @@ impl ToolPlan {
             CallFormat::Llama3 => "parameters",
             CallFormat::Hermes | CallFormat::Mistral => "arguments",
         };
-        let mut calls = Vec::with_capacity(self.tools.len());
-        for tool in &self.tools {
-            let parameters =
-                tool.function.parameters.clone().unwrap_or_else(|| json!({"type": "object"}));
-            crate::constrain::from_schema(&parameters, &self.param_of(&tool.function.name))?;
-            calls.push(json!({"type": "object", "properties": {
-                "name": {"const": tool.function.name}, key: parameters}, "required": ["name", key]}));
-        }
+        let calls = self.call_schemas(key)?;
         let call = crate::constrain::from_schema(&json!({"anyOf": calls}), "tools")?;
         // The call's grammar under another root name, inside the format's markers.
         let call = call.replacen("root ::= ", "call ::= ", 1);
@@ -149,6 +133,21 @@ impl ToolPlan {
             _ => format!("root ::= call{}", more(r#""; ""#, "call")),
         };
         Ok(Some(format!("{root}\n{call}")))
+    }
+
+    /// One schema per tool of a call to it, `{"name": ..., key: <its parameters>}`;
+    /// a parameter schema the converter cannot enforce is a 400 naming the tool
+    /// (checked on its own, so that the error points into that schema).
+    fn call_schemas(&self, key: &str) -> Result<Vec<Value>, ApiError> {
+        let mut calls = Vec::with_capacity(self.tools.len());
+        for tool in &self.tools {
+            let parameters =
+                tool.function.parameters.clone().unwrap_or_else(|| json!({"type": "object"}));
+            crate::constrain::from_schema(&parameters, &self.param_of(&tool.function.name))?;
+            calls.push(json!({"type": "object", "properties": {
+                "name": {"const": tool.function.name}, key: parameters}, "required": ["name", key]}));
+        }
+        Ok(calls)
     }
 
     /// Where a tool's parameters are, for error messages.
