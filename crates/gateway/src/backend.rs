@@ -4,7 +4,7 @@
 //! Counts are atomics read on every request and written by claims, releases and
 //! the health loop; nothing here is locked across an await.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -18,8 +18,12 @@ pub struct Backend {
     pub index: usize,
     /// Base URL; empty until a supervised engine has printed its address.
     url: ArcSwap<String>,
+    /// The configured URL; `None` for a supervised engine.
+    pub fixed_url: Option<String>,
     /// Relative share of traffic among equals.
     pub weight: u32,
+    /// `Bearer` and its own API key, sent instead of any client's key.
+    pub api_key: Option<axum::http::HeaderValue>,
     /// Stable identity for rendezvous hashing: from its configured URL, or from
     /// its place among the supervised engines (whose port changes on restart).
     pub id: u64,
@@ -33,10 +37,14 @@ pub struct Backend {
     pub fixed_slots: bool,
     /// Requests this gateway has in flight there.
     in_flight: AtomicU32,
+    /// How long a claim on it lasts, in microseconds: a moving average.
+    hold_us: AtomicU64,
     /// Slots busy there for others (other gateways, or llama.cpp slots kept busy
     /// after a client left), as of the last reconciliation with `/slots`.
     foreign_busy: AtomicU32,
     healthy: AtomicBool,
+    /// Set by the admin API or a reload: no new requests; removed once idle.
+    draining: AtomicBool,
     successes: AtomicU32,
     failures: AtomicU32,
 }
@@ -47,7 +55,13 @@ impl Backend {
         Self {
             index,
             url: ArcSwap::from_pointee(config.url.trim_end_matches('/').to_owned()),
+            fixed_url: (!config.url.is_empty())
+                .then(|| config.url.trim_end_matches('/').to_owned()),
             weight: config.weight,
+            api_key: config.api_key_env.as_ref().and_then(|var| {
+                let key = std::env::var(var).ok()?;
+                axum::http::HeaderValue::from_str(&format!("Bearer {key}")).ok()
+            }),
             id: crate::hash::backend_id(
                 if config.url.is_empty() {
                     format!("engine-{index}")
@@ -61,8 +75,10 @@ impl Backend {
             slots: AtomicU32::new(config.slots.unwrap_or(0)),
             fixed_slots: config.slots.is_some(),
             in_flight: AtomicU32::new(0),
+            hold_us: AtomicU64::new(0),
             foreign_busy: AtomicU32::new(0),
             healthy: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
             successes: AtomicU32::new(0),
             failures: AtomicU32::new(0),
         }
@@ -95,7 +111,22 @@ impl Backend {
 
     /// Whether it takes traffic.
     pub fn is_healthy(&self) -> bool {
-        self.healthy.load(Ordering::Acquire)
+        self.healthy.load(Ordering::Acquire) && !self.draining.load(Ordering::Acquire)
+    }
+
+    /// Takes no new requests from now on; those in flight finish.
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    /// Whether it is draining.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// Whether it is an engine this gateway started (its URL is not configured).
+    pub fn is_supervised(&self) -> bool {
+        self.fixed_url.is_none()
     }
 
     /// Slots it has.
@@ -129,6 +160,19 @@ impl Backend {
     /// Counts a request without a slot check (the comparison policies).
     pub fn claim_unchecked(&self) {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Folds a claim's length into the average (weight 1/8 for the newest).
+    pub fn held(&self, held: std::time::Duration) {
+        let us = u64::try_from(held.as_micros()).unwrap_or(u64::MAX);
+        let _ = self.hold_us.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |avg| {
+            Some(if avg == 0 { us } else { avg - avg / 8 + us / 8 })
+        });
+    }
+
+    /// How long a claim on it lasts, on average; zero before the first ends.
+    pub fn hold(&self) -> std::time::Duration {
+        std::time::Duration::from_micros(self.hold_us.load(Ordering::Relaxed))
     }
 
     /// Gives back a claimed slot. Never goes below zero.
@@ -183,7 +227,13 @@ mod tests {
     fn backend(slots: u32) -> Backend {
         Backend::new(
             0,
-            &BackendConfig { url: "http://x".into(), models: None, slots: Some(slots), weight: 1 },
+            &BackendConfig {
+                url: "http://x".into(),
+                models: None,
+                slots: Some(slots),
+                weight: 1,
+                api_key_env: None,
+            },
         )
     }
 

@@ -8,6 +8,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
+pub use crate::auth::config::{AuthConfig, CorsConfig, KeyConfig, Priority};
 pub use crate::balancer::Policy;
 use crate::error::GatewayError;
 
@@ -26,6 +27,11 @@ pub struct BackendConfig {
     /// Relative share of traffic among equals.
     #[serde(default = "one")]
     pub weight: u32,
+    /// An environment variable holding the backend's own API key, sent as
+    /// `Authorization: Bearer` (llama-server's `--api-key`). With `[[keys]]`
+    /// configured, a client's key is never passed on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
 }
 
 fn one() -> u32 {
@@ -141,6 +147,12 @@ pub struct GatewayConfig {
     /// Other names for served models (`"gpt-4o-mini" = "gemma-3-270m-q4_k_m"`):
     /// listed in `/v1/models`, and sent to the backend under the model's name.
     pub aliases: std::collections::BTreeMap<String, String>,
+    /// The admin key, and Redis for limits shared between replicas.
+    pub auth: AuthConfig,
+    /// Client keys; none: the gateway is open.
+    pub keys: Vec<KeyConfig>,
+    /// Browser origins allowed to call the gateway.
+    pub cors: CorsConfig,
 }
 
 impl Default for GatewayConfig {
@@ -154,6 +166,9 @@ impl Default for GatewayConfig {
             max_body_bytes: 16 * 1024 * 1024,
             workers: 0,
             aliases: std::collections::BTreeMap::new(),
+            auth: AuthConfig::default(),
+            keys: Vec::new(),
+            cors: CorsConfig::default(),
         }
     }
 }
@@ -168,10 +183,13 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "max_body_bytes",
     "workers",
     "aliases",
+    "auth",
+    "keys",
+    "cors",
 ];
 
 /// Command-line flags.
-#[derive(Debug, Default, Parser)]
+#[derive(Debug, Clone, Default, Parser)]
 #[command(name = "slotgate", version, about = "Slot-aware OpenAI gateway for llama.cpp engines")]
 pub struct Cli {
     /// A TOML file of settings (see config/gateway.toml).
@@ -216,6 +234,7 @@ impl GatewayConfig {
             models: None,
             slots: None,
             weight: 1,
+            api_key_env: None,
         }));
         config.validate()?;
         Ok(config)
@@ -243,6 +262,14 @@ impl GatewayConfig {
             }
             if b.slots == Some(0) {
                 return bad(format!("backends[{i}].slots"), "must be at least 1".into());
+            }
+            if let Some(var) = &b.api_key_env {
+                if std::env::var(var).map_or(true, |v| v.is_empty()) {
+                    return bad(
+                        format!("backends[{i}].api_key_env"),
+                        format!("the variable `{var}` is not set"),
+                    );
+                }
             }
         }
         for (i, e) in self.engines.iter().enumerate() {
@@ -284,6 +311,10 @@ impl GatewayConfig {
         if r.healthy_threshold == 0 || r.unhealthy_threshold == 0 {
             return bad("routing.healthy_threshold".into(), "thresholds must be at least 1".into());
         }
+        let config_error = GatewayError::Config;
+        crate::auth::config::check_keys(&self.keys).map_err(config_error)?;
+        self.auth.check().map_err(config_error)?;
+        self.cors.check().map_err(config_error)?;
         Ok(())
     }
 }

@@ -27,7 +27,8 @@ pub async fn run(
             () = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let checks = pool.backends().iter().map(|b| check(&pool, &client, &routing, b.clone()));
+        let backends = pool.backends();
+        let checks = backends.iter().map(|b| check(&pool, &client, &routing, b.clone()));
         futures::future::join_all(checks).await;
     }
 }

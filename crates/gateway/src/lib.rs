@@ -3,7 +3,9 @@
 //! slot, queues it when none has, and retries elsewhere while nothing has reached
 //! the client yet.
 
+pub mod admin;
 pub mod affinity;
+pub mod auth;
 pub mod backend;
 pub mod balancer;
 pub mod config;
@@ -11,6 +13,7 @@ pub mod error;
 pub mod hash;
 pub mod health;
 pub mod ids;
+pub mod live;
 pub mod metrics;
 pub mod pool;
 pub mod proxy;

@@ -17,7 +17,7 @@ async fn main() -> anyhow::Result<()> {
     slotgate_http::init_tracing();
     let cli = Cli::parse();
     let config = GatewayConfig::load(&cli)?;
-    let gateway = Gateway::start(config, slotgate_http::shutdown_signal())
+    let gateway = Gateway::start_from(cli, config, slotgate_http::shutdown_signal())
         .await
         .context("gateway failed to start")?;
     println!("listening on http://{}", gateway.addr);

@@ -1,20 +1,21 @@
 //! The gateway's HTTP routes: the OpenAI endpoints (forwarded), `/v1/models`,
-//! `/health`, `/metrics` and `/admin/backends`. Every error leaves in the OpenAI
-//! envelope, axum's own rejections included.
+//! `/props`, `/health`, `/metrics` and the admin API (in [`crate::admin`]). Every
+//! error leaves in the OpenAI envelope, axum's own rejections included. With
+//! client keys configured, the OpenAI endpoints need one; `/health` and
+//! `/metrics` stay open for load balancers and Prometheus.
 //!
 //! The forwarded endpoints are served straight from hyper's request; the rest go
 //! through an axum router. Axum's routing, extractors and response layers cost
 //! a tenth of the proxy's own time per request (see BENCHMARKS.md, gateway
 //! overhead), which only the forwarded endpoints take often enough to matter.
 
-use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{Method, Request, StatusCode};
+use axum::http::{header, HeaderMap, Method, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -27,18 +28,22 @@ use serde_json::json;
 use slotgate_protocol::{ApiError, ErrorType, Model, ModelList};
 
 use crate::error::GatewayError;
+use crate::live::Live;
 use crate::metrics as m;
-use crate::proxy::Forwarder;
+use crate::proxy::{Caller, Forwarder};
 
 /// What the routes share.
 pub struct App {
+    /// Reloads the configuration (`POST /admin/reload`).
+    pub reload: crate::admin::Reload,
     /// Forwards the OpenAI requests, and holds the pool.
     pub forwarder: Forwarder,
     /// Renders `/metrics`.
     pub metrics: PrometheusHandle,
 }
 
-type Shared = State<Arc<App>>;
+/// The routes' state.
+pub type Shared = State<Arc<App>>;
 
 /// The endpoints forwarded to a backend, by path, and the path they are sent to;
 /// POST only. The paths without `/v1` are llama-server's aliases, which clients
@@ -77,31 +82,52 @@ impl Service<Request<Incoming>> for Routes {
     type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
+        let live = self.app.forwarder.live();
+        if let Some(answer) = live.cors.preflight(request.method(), request.headers()) {
+            return Box::pin(std::future::ready(Ok(answer)));
+        }
+        let origin = (!live.cors.is_off()).then(|| request.headers().get(header::ORIGIN).cloned());
         let path = request.uri().path();
         let forwarded = FORWARDED.into_iter().find(|(alias, _)| *alias == path).map(|(_, to)| to);
-        match forwarded.filter(|_| request.method() == Method::POST) {
+        let answer: Self::Future = match forwarded.filter(|_| request.method() == Method::POST) {
             Some(path) => {
                 let (app, limit) = (self.app.clone(), self.max_body_bytes);
-                Box::pin(async move { Ok(forward(&app, path, request, limit).await) })
+                let live = live.clone();
+                Box::pin(async move { Ok(forward(&app, path, request, limit, live).await) })
             }
             None => {
                 let answer = self.router.call(request);
                 Box::pin(async move { answer.await.map(IntoResponse::into_response) })
             }
+        };
+        match origin {
+            None => answer,
+            Some(origin) => Box::pin(async move {
+                let mut response = answer.await?;
+                live.cors.decorate(origin.as_ref(), &mut response);
+                Ok(response)
+            }),
         }
     }
 }
 
-/// Reads the body, up to `limit` bytes, and forwards it to `path`.
+/// Checks the caller's key, reads the body, up to `limit` bytes, and forwards
+/// it to `path`. An unknown key is refused before the body is read.
 async fn forward(
     app: &App,
     path: &'static str,
     request: Request<Incoming>,
     limit: usize,
+    live: Arc<Live>,
 ) -> Response {
     let (head, body) = request.into_parts();
+    let tenant = match live.auth.identify(&head.headers) {
+        Ok(tenant) => tenant,
+        Err(err) => return slotgate_http::api_response(err),
+    };
+    let caller = Caller { live, tenant };
     match Limited::new(body, limit).collect().await {
-        Ok(body) => app.forwarder.forward(path, &head.headers, body.to_bytes()).await,
+        Ok(body) => app.forwarder.forward(path, &head.headers, body.to_bytes(), caller).await,
         // Worded as axum's own body rejections, which the other routes give.
         Err(e) if e.is::<LengthLimitError>() => slotgate_http::rejection_response(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -132,7 +158,7 @@ fn router(app: Arc<App>, max_body_bytes: usize) -> Router {
         .route("/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
-        .route("/admin/backends", get(admin_backends))
+        .merge(crate::admin::routes())
         .fallback(|| async {
             GatewayError::Api(ApiError::new(ErrorType::NotFoundError, "no such endpoint"))
         })
@@ -151,8 +177,11 @@ async fn not_here() -> GatewayError {
     GatewayError::Api(ApiError::internal())
 }
 
-/// `GET /v1/models`: the union of what healthy backends serve.
-async fn models(State(app): Shared) -> Json<ModelList> {
+/// `GET /v1/models`: the union of what healthy backends serve, and their
+/// aliases; of those, what the caller's key may use.
+async fn models(State(app): Shared, headers: HeaderMap) -> Result<Json<ModelList>, GatewayError> {
+    let live = app.forwarder.live();
+    let tenant = live.auth.identify(&headers)?;
     let mut ids: Vec<String> = app
         .forwarder
         .pool()
@@ -161,13 +190,16 @@ async fn models(State(app): Shared) -> Json<ModelList> {
         .filter(|b| b.is_healthy())
         .flat_map(|b| b.models().to_vec())
         .collect();
-    let aliases = app.forwarder.aliases();
+    let aliases = &live.aliases;
     let named: Vec<String> =
         aliases.iter().filter(|(_, target)| ids.contains(target)).map(|(a, _)| a.clone()).collect();
     ids.extend(named);
     ids.sort();
     ids.dedup();
-    Json(ModelList::new(ids.into_iter().map(|id| Model::new(id, 0, "slotgate")).collect()))
+    if let Some(tenant) = tenant {
+        ids.retain(|id| tenant.may_use(id, aliases.get(id).unwrap_or(id)));
+    }
+    Ok(Json(ModelList::new(ids.into_iter().map(|id| Model::new(id, 0, "slotgate")).collect())))
 }
 
 /// Query of `GET /props`.
@@ -180,22 +212,26 @@ struct PropsQuery {
 /// the only one), as a healthy backend serving it answers them.
 async fn props(
     State(app): Shared,
+    headers: HeaderMap,
     axum::extract::Query(q): axum::extract::Query<PropsQuery>,
 ) -> Result<Response, GatewayError> {
     static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+    let live = app.forwarder.live();
+    let tenant = live.auth.identify(&headers)?;
     let pool = app.forwarder.pool();
     let named = q.model.filter(|m| !m.is_empty());
     let model = match named {
-        Some(m) => app.forwarder.aliases().get(&m).cloned().unwrap_or(m),
+        Some(m) => live.aliases.get(&m).cloned().unwrap_or(m),
         None => pool.only_model().ok_or_else(|| {
             ApiError::invalid("model", "several models are served here: name one in `?model=`")
         })?,
     };
-    if !pool.knows(&model) {
+    if !pool.knows(&model) || tenant.is_some_and(|t| !t.may_use(&model, &model)) {
         return Err(ApiError::model_not_found(&model).into());
     }
+    let backends = pool.backends();
     let backend =
-        pool.backends().iter().find(|b| b.is_healthy() && b.serves(&model)).ok_or_else(|| {
+        backends.iter().find(|b| b.is_healthy() && b.serves(&model)).ok_or_else(|| {
             ApiError::new(ErrorType::UnavailableError, "no healthy backend serves it")
         })?;
     let client = CLIENT.get_or_init(reqwest::Client::new);
@@ -230,34 +266,10 @@ async fn health(State(app): Shared) -> Result<Response, GatewayError> {
     }
 }
 
-/// `GET /admin/backends`: each backend's state.
-async fn admin_backends(State(app): Shared) -> Json<serde_json::Value> {
-    let pool = app.forwarder.pool();
-    let backends: Vec<_> = pool
-        .backends()
-        .iter()
-        .map(|b| {
-            let queue: BTreeMap<_, _> =
-                b.models().iter().map(|m| (m.clone(), pool.queue_depth(m))).collect();
-            json!({
-                "url": b.url().as_str(),
-                "models": b.models().as_slice(),
-                "healthy": b.is_healthy(),
-                "slots_total": b.slots(),
-                "slots_busy": b.in_flight() + b.foreign_busy(),
-                "in_flight": b.in_flight(),
-                "weight": b.weight,
-                "queue": queue,
-            })
-        })
-        .collect();
-    Json(json!({ "backends": backends }))
-}
-
 /// `GET /metrics`: gauges are brought up to date, then everything is rendered.
 async fn metrics(State(app): Shared) -> Response {
     let pool = app.forwarder.pool();
-    for b in pool.backends() {
+    for b in pool.backends().iter() {
         let url = b.url().to_string();
         let up = if b.is_healthy() { 1.0 } else { 0.0 };
         metrics::gauge!(m::BACKEND_UP, "backend" => url.clone()).set(up);

@@ -12,9 +12,15 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use arc_swap::ArcSwap;
+
+use crate::admin::Reload;
+use crate::auth::limits::UsageBook;
+use crate::auth::shared::Shared;
 use crate::backend::Backend;
-use crate::config::{BackendConfig, GatewayConfig};
+use crate::config::{BackendConfig, Cli, GatewayConfig};
 use crate::error::GatewayError;
+use crate::live::{Live, LiveCell};
 use crate::pool::Pool;
 use crate::proxy::Forwarder;
 use crate::retry::RetryPolicy;
@@ -50,11 +56,31 @@ impl Gateway {
         Self::serve(listener, config, shutdown).await
     }
 
+    /// Binds `config.listen`, then as [`Gateway::serve`]; `source` is what the
+    /// configuration was read from, read again on `SIGHUP` or `POST /admin/reload`.
+    pub async fn start_from(
+        source: Cli,
+        config: GatewayConfig,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<Self, GatewayError> {
+        let listener = TcpListener::bind(&config.listen).await?;
+        Self::serve_inner(listener, config, Some(source), shutdown).await
+    }
+
     /// Starts the supervised engines and the health checks, and serves on
     /// `listener` until `shutdown` resolves.
     pub async fn serve(
         listener: TcpListener,
         config: GatewayConfig,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<Self, GatewayError> {
+        Self::serve_inner(listener, config, None, shutdown).await
+    }
+
+    async fn serve_inner(
+        listener: TcpListener,
+        config: GatewayConfig,
+        source: Option<Cli>,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<Self, GatewayError> {
         let addr = listener.local_addr()?;
@@ -73,6 +99,7 @@ impl Gateway {
                 models: None,
                 slots: Some(spec.n_parallel),
                 weight: 1,
+                api_key_env: None,
             };
             let backend = Arc::new(Backend::new(backends.len(), &seed));
             backend.set_models(vec![id]);
@@ -86,6 +113,17 @@ impl Gateway {
             .build()
             .map_err(|e| GatewayError::Config(format!("http client: {e}")))?;
         let pool = Pool::new(backends, &routing);
+        let shared_limits = match &config.auth.redis_url {
+            Some(url) => Some(Shared::start(url, stop.clone()).map_err(GatewayError::Config)?),
+            None => None,
+        };
+        let book = Arc::new(UsageBook::new(shared_limits));
+        let live: LiveCell = Arc::new(ArcSwap::from_pointee(Live::build(&config, &book)?));
+        if live.load().auth.is_open() {
+            tracing::warn!("no [[keys]]: the gateway is open to anyone who reaches it");
+        }
+        let reload = Reload::new(source, config.clone(), live.clone(), book.clone(), pool.clone());
+        tasks.spawn(reload_on_hangup(reload.clone(), stop.clone()));
         for (spec, backend) in engines {
             tasks.spawn(crate::supervisor::supervise(spec, backend, stop.clone()));
         }
@@ -105,13 +143,15 @@ impl Gateway {
         let cut_off = CancellationToken::new();
         let workers = spawn_workers(
             listener.into_std()?,
-            Arc::new(Shared {
+            Arc::new(Common {
                 pool,
                 routing,
                 retry: Arc::new(RetryPolicy::new(&config.routing)),
                 metrics: crate::metrics::handle(),
                 max_body_bytes: config.max_body_bytes,
-                aliases: Arc::new(config.aliases.clone()),
+                live,
+                book,
+                reload,
                 draining: draining.clone(),
                 cut_off: cut_off.clone(),
             }),
@@ -158,14 +198,36 @@ impl Gateway {
     }
 }
 
+/// Reloads the configuration on each `SIGHUP` until `stop`.
+async fn reload_on_hangup(reload: Reload, stop: CancellationToken) {
+    let Ok(mut hangups) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+    else {
+        return;
+    };
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            got = hangups.recv() => if got.is_none() { return },
+        }
+        match reload.apply() {
+            Ok(summary) => tracing::info!(%summary, "SIGHUP: reloaded"),
+            Err(e) => {
+                tracing::error!(error = %e, "SIGHUP: reload refused; the old configuration stays")
+            }
+        }
+    }
+}
+
 /// What every worker thread serves with.
-struct Shared {
+struct Common {
     pool: Arc<Pool>,
     routing: crate::config::Routing,
     retry: Arc<RetryPolicy>,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
     max_body_bytes: usize,
-    aliases: Arc<std::collections::BTreeMap<String, String>>,
+    live: LiveCell,
+    book: Arc<UsageBook>,
+    reload: Reload,
     draining: CancellationToken,
     cut_off: CancellationToken,
 }
@@ -187,7 +249,7 @@ fn worker_count(workers: usize) -> usize {
 /// shared. The receiver resolves when every thread has stopped.
 fn spawn_workers(
     listener: std::net::TcpListener,
-    shared: Arc<Shared>,
+    shared: Arc<Common>,
     count: usize,
 ) -> std::io::Result<tokio::sync::oneshot::Receiver<std::io::Result<()>>> {
     listener.set_nonblocking(true)?;
@@ -216,7 +278,7 @@ fn spawn_workers(
 }
 
 /// One worker thread: serves until the drain ends or is cut off.
-fn serve_worker(listener: std::net::TcpListener, shared: &Shared) -> std::io::Result<()> {
+fn serve_worker(listener: std::net::TcpListener, shared: &Common) -> std::io::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
         let listener = TcpListener::from_std(listener)?;
@@ -224,9 +286,14 @@ fn serve_worker(listener: std::net::TcpListener, shared: &Shared) -> std::io::Re
             shared.pool.clone(),
             Upstream::new(&shared.routing),
             shared.retry.clone(),
-            shared.aliases.clone(),
+            shared.live.clone(),
+            shared.book.clone(),
         );
-        let app = Arc::new(App { forwarder, metrics: shared.metrics.clone() });
+        let app = Arc::new(App {
+            reload: shared.reload.clone(),
+            forwarder,
+            metrics: shared.metrics.clone(),
+        });
         let routes = Routes::new(app, shared.max_body_bytes);
         let connections = GracefulShutdown::new();
         tokio::select! {

@@ -1,17 +1,28 @@
-//! The prompt-cache reuse a backend reports in an answer's `usage`, read by a
-//! scan of the bytes rather than a parse of the whole answer: the gateway relays
-//! answers untouched, and only wants two numbers from them.
+//! The usage a backend reports in an answer's `usage`, read by a scan of the
+//! bytes rather than a parse of the whole answer: the gateway relays answers
+//! untouched, and only wants three numbers from them.
 
-/// `usage.prompt_tokens` and `usage.prompt_tokens_details.cached_tokens` (0 when
-/// absent) of an answer, or of a streamed chunk that carries usage; `None` for
-/// anything else, after one pass over the bytes. A `"usage"` inside a text is
-/// escaped (`\"usage\"`) and never matches.
-pub fn scan(bytes: &[u8]) -> Option<(u64, u64)> {
+/// Tokens of one answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// `usage.prompt_tokens`.
+    pub prompt: u64,
+    /// `usage.completion_tokens` (0 when absent, as in embeddings).
+    pub completion: u64,
+    /// `usage.prompt_tokens_details.cached_tokens` (0 when absent).
+    pub cached: u64,
+}
+
+/// The usage of an answer, or of a streamed chunk that carries usage; `None`
+/// for anything else, after one pass over the bytes. A `"usage"` inside a text
+/// is escaped (`\"usage\"`) and never matches.
+pub fn scan(bytes: &[u8]) -> Option<Usage> {
     let at = rfind(bytes, b"\"usage\"")?;
     let usage = &bytes[at..];
     let prompt = number_after(usage, b"\"prompt_tokens\"")?;
+    let completion = number_after(usage, b"\"completion_tokens\"").unwrap_or(0);
     let cached = number_after(usage, b"\"cached_tokens\"").unwrap_or(0);
-    Some((prompt, cached))
+    Some(Usage { prompt, completion, cached })
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
@@ -42,9 +53,9 @@ mod tests {
     #[test]
     fn reads_usage_in_the_shapes_engines_send() {
         let ours = br#"{"choices":[{"text":"prompt_tokens"}],"usage":{"prompt_tokens":120,"completion_tokens":8,"total_tokens":128,"prompt_tokens_details":{"cached_tokens":96}}}"#;
-        assert_eq!(scan(ours), Some((120, 96)));
+        assert_eq!(scan(ours), Some(Usage { prompt: 120, completion: 8, cached: 96 }));
         let spaced = b"data: {\"usage\": {\"prompt_tokens\" : 7, \"completion_tokens\": 1}}\n\n";
-        assert_eq!(scan(spaced), Some((7, 0)));
+        assert_eq!(scan(spaced), Some(Usage { prompt: 7, completion: 1, cached: 0 }));
         assert_eq!(scan(br#"{"usage":null}"#), None);
         assert_eq!(scan(br#"data: {"choices":[{"delta":{"content":"usage"}}]}"#), None);
         assert_eq!(scan(br#"data: {"choices":[{"delta":{"content":""usage""}}]}"#), None);

@@ -12,13 +12,16 @@ use slotgate_protocol::{ApiError, ErrorType};
 pub const RETRY_AFTER_SECS: u32 = 1;
 
 /// The response for an [`ApiError`]: the status of its type, the OpenAI envelope
-/// as the body, and `Retry-After` on a 503.
+/// as the body, and `Retry-After` on a 503 or where the error gives one.
 pub fn api_response(err: ApiError) -> Response {
     let status = StatusCode::from_u16(err.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let retry = err.kind == ErrorType::UnavailableError;
+    let retry = match err.retry_after {
+        Some(seconds) => Some(seconds),
+        None => (err.kind == ErrorType::UnavailableError).then_some(RETRY_AFTER_SECS),
+    };
     let mut response = (status, axum::Json(err.into_envelope())).into_response();
-    if retry {
-        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+    if let Some(seconds) = retry {
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
     }
     response
 }

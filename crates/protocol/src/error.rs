@@ -13,6 +13,8 @@ pub enum ErrorType {
     NotFoundError,
     /// Missing or wrong credentials (401).
     AuthenticationError,
+    /// Valid credentials that may not do this, such as use a model (403).
+    PermissionError,
     /// Too many requests (429).
     RateLimitError,
     /// The server is full or loading and the request may be retried (503).
@@ -32,6 +34,7 @@ impl ErrorType {
         match self {
             Self::InvalidRequestError | Self::ExceedContextSizeError => 400,
             Self::AuthenticationError => 401,
+            Self::PermissionError => 403,
             Self::NotFoundError => 404,
             Self::RateLimitError => 429,
             Self::UnavailableError => 503,
@@ -61,6 +64,10 @@ pub struct ApiError {
     /// fields, as llama-server sends them.
     #[serde(flatten)]
     pub context: Option<ContextSize>,
+    /// Seconds after which a retry may succeed, sent as `Retry-After` (not in
+    /// the body): a rate limit's window, or a busy server's guess.
+    #[serde(skip)]
+    pub retry_after: Option<u32>,
 }
 
 /// The sizes of a prompt that does not fit, in tokens.
@@ -75,7 +82,14 @@ pub struct ContextSize {
 impl ApiError {
     /// An error of the given type with no parameter or code.
     pub fn new(kind: ErrorType, message: impl Into<String>) -> Self {
-        Self { message: message.into(), kind, param: None, code: None, context: None }
+        Self {
+            message: message.into(),
+            kind,
+            param: None,
+            code: None,
+            context: None,
+            retry_after: None,
+        }
     }
 
     /// A 400 naming the parameter at fault.
@@ -109,6 +123,12 @@ impl ApiError {
     /// Sets `code`.
     pub fn with_code(mut self, code: impl Into<String>) -> Self {
         self.code = Some(code.into());
+        self
+    }
+
+    /// Sets the `Retry-After` seconds.
+    pub fn with_retry_after(mut self, seconds: u32) -> Self {
+        self.retry_after = Some(seconds);
         self
     }
 

@@ -5,27 +5,40 @@
 mod queue;
 mod spill;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use slotgate_protocol::{ApiError, ErrorType};
 use tokio::time::Instant;
 
 use crate::backend::Backend;
 use crate::balancer::{pick, Affinity, Policy, View};
-use crate::config::Routing;
+use crate::config::{BackendConfig, Routing};
 use crate::metrics as m;
-use queue::Queues;
+pub use queue::Class;
+use queue::{Queues, Wake};
 use spill::Spills;
 
-/// All backends, the policy, and the queues.
+/// What a request brings to the queue: whose it is, and by when it must start.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Wait {
+    /// Its place in the order of the queue.
+    pub class: Class,
+    /// When it must have started (`x-slotgate-deadline-ms`), if it says.
+    pub deadline: Option<Instant>,
+}
+
+/// All backends, the policy, and the queues. Backends come and go (the admin
+/// API, a reload) and the routing settings change on reload: each request reads
+/// the versions in force when it looks.
 pub struct Pool {
-    backends: Vec<Arc<Backend>>,
-    policy: Policy,
-    load_factor: f64,
-    queue_size: usize,
-    queue_timeout: Duration,
+    backends: ArcSwap<Vec<Arc<Backend>>>,
+    /// The next backend's `index`: never reused, so that a request's list of
+    /// backends it failed on cannot name a newcomer.
+    next_index: AtomicUsize,
+    settings: ArcSwap<Settings>,
     turn: AtomicU64,
     queues: Queues,
     spills: Spills,
@@ -38,48 +51,104 @@ pub struct Claim {
     pool: Arc<Pool>,
     /// The backend claimed.
     pub backend: Arc<Backend>,
+    since: Instant,
 }
 
 impl Drop for Claim {
     fn drop(&mut self) {
+        self.backend.held(self.since.elapsed());
         self.backend.release();
         self.pool.wake_backend(&self.backend);
     }
 }
 
-impl Pool {
-    /// A pool over `backends`.
-    pub fn new(backends: Vec<Arc<Backend>>, routing: &Routing) -> Arc<Self> {
-        Arc::new(Self {
-            backends,
+/// The routing settings the pool applies.
+#[derive(Debug, Clone, Copy)]
+struct Settings {
+    policy: Policy,
+    load_factor: f64,
+    queue_size: usize,
+    queue_timeout: Duration,
+}
+
+impl Settings {
+    fn of(routing: &Routing) -> Self {
+        Self {
             policy: routing.policy,
             load_factor: routing.cache_load_factor,
             queue_size: routing.queue_size as usize,
             queue_timeout: Duration::from_millis(routing.queue_timeout_ms),
+        }
+    }
+}
+
+impl Pool {
+    /// A pool over `backends`, whose indexes are their places in the list.
+    pub fn new(backends: Vec<Arc<Backend>>, routing: &Routing) -> Arc<Self> {
+        let next = backends.iter().map(|b| b.index + 1).max().unwrap_or(0);
+        Arc::new(Self {
+            backends: ArcSwap::from_pointee(backends),
+            next_index: AtomicUsize::new(next),
+            settings: ArcSwap::from_pointee(Settings::of(routing)),
             turn: AtomicU64::new(0),
             queues: Queues::default(),
             spills: Spills::default(),
         })
     }
 
-    /// Every backend.
-    pub fn backends(&self) -> &[Arc<Backend>] {
-        &self.backends
+    /// Every backend, as of now.
+    pub fn backends(&self) -> Arc<Vec<Arc<Backend>>> {
+        self.backends.load_full()
+    }
+
+    /// The backend numbered `index`, if it is still in the pool.
+    pub fn find(&self, index: usize) -> Option<Arc<Backend>> {
+        self.backends.load().iter().find(|b| b.index == index).cloned()
+    }
+
+    /// Adds a backend; it takes requests once its health checks pass.
+    pub fn add(&self, config: &BackendConfig) -> Arc<Backend> {
+        let index = self.next_index.fetch_add(1, Ordering::Relaxed);
+        let backend = Arc::new(Backend::new(index, config));
+        self.backends.rcu(|list| {
+            let mut list = Vec::clone(list);
+            list.push(backend.clone());
+            list
+        });
+        backend
+    }
+
+    /// Takes the backend numbered `index` out of the pool; requests still on it
+    /// keep it until they end.
+    pub fn remove(&self, index: usize) -> bool {
+        let mut found = false;
+        self.backends.rcu(|list| {
+            found = list.iter().any(|b| b.index == index);
+            list.iter().filter(|b| b.index != index).cloned().collect::<Vec<_>>()
+        });
+        found
+    }
+
+    /// Applies `routing`'s policy and queue settings to the requests that look
+    /// from now on.
+    pub fn set_routing(&self, routing: &Routing) {
+        self.settings.store(Arc::new(Settings::of(routing)));
     }
 
     /// Whether the policy routes by a request's affinity key (`cache_aware`).
     pub fn uses_affinity(&self) -> bool {
-        self.policy == Policy::CacheAware
+        self.settings.load().policy == Policy::CacheAware
     }
 
     /// Whether any backend, healthy or not, serves `model`.
     pub fn knows(&self, model: &str) -> bool {
-        self.backends.iter().any(|b| b.serves(model))
+        self.backends.load().iter().any(|b| b.serves(model))
     }
 
     /// The one model every backend serves, when the backends serve only one.
     pub fn only_model(&self) -> Option<String> {
-        let mut models = self.backends.iter().flat_map(|b| b.models().to_vec());
+        let backends = self.backends.load();
+        let mut models = backends.iter().flat_map(|b| b.models().to_vec());
         let first = models.next()?;
         models.all(|m| m == first).then_some(first)
     }
@@ -87,6 +156,7 @@ impl Pool {
     /// Whether a healthy backend outside `exclude` serves `model`.
     pub fn has_other(&self, model: &str, exclude: &[usize]) -> bool {
         self.backends
+            .load()
             .iter()
             .any(|b| b.is_healthy() && b.serves(model) && !exclude.contains(&b.index))
     }
@@ -109,10 +179,11 @@ impl Pool {
         exclude: &[usize],
         affinity: Option<u64>,
     ) -> Option<Claim> {
-        let cache_aware = self.policy == Policy::CacheAware;
+        let settings = **self.settings.load();
+        let cache_aware = settings.policy == Policy::CacheAware;
+        let backends = self.backends.load();
         loop {
-            let views: Vec<View> = self
-                .backends
+            let views: Vec<View> = backends
                 .iter()
                 .map(|b| View {
                     healthy: b.is_healthy() && !exclude.contains(&b.index),
@@ -126,11 +197,13 @@ impl Pool {
                 .collect();
             let turn = self.turn.fetch_add(1, Ordering::Relaxed);
             let sticky = affinity.filter(|_| cache_aware).and_then(|key| self.spills.get(key));
-            let rule = affinity.map(|key| Affinity { key, sticky, load_factor: self.load_factor });
-            let (i, decision) =
-                pick(&views, self.policy, rule, turn, &mut |n| rand::random_range(0..n.max(1)))?;
-            let backend = &self.backends[i];
-            if self.policy.claims_slots() {
+            let rule =
+                affinity.map(|key| Affinity { key, sticky, load_factor: settings.load_factor });
+            let (i, decision) = pick(&views, settings.policy, rule, turn, &mut |n| {
+                rand::random_range(0..n.max(1))
+            })?;
+            let backend = &backends[i];
+            if settings.policy.claims_slots() {
                 if !backend.try_claim() {
                     // Another request took the last slot between look and claim: look again.
                     continue;
@@ -142,26 +215,43 @@ impl Pool {
             if let (Some(key), true) = (affinity, cache_aware) {
                 self.spills.remember(key, decision, sticky, backend.id);
             }
-            return Some(Claim { pool: self.clone(), backend: backend.clone() });
+            return Some(Claim {
+                pool: self.clone(),
+                backend: backend.clone(),
+                since: Instant::now(),
+            });
         }
     }
 
-    /// Claims a slot for `model`, waiting in the model's queue, in order, until one
-    /// frees or the queue timeout passes.
+    /// Claims a slot for `model`, waiting in the model's queue (in the order of
+    /// [`queue`]) until one frees, the queue timeout passes, or the request's
+    /// deadline does. A request whose deadline the expected wait already
+    /// exceeds is refused at once.
     pub async fn acquire(
         self: &Arc<Self>,
         model: &str,
         exclude: &[usize],
         affinity: Option<u64>,
+        wait: Wait,
     ) -> Result<Claim, ApiError> {
         if let Some(claim) = self.try_acquire(model, exclude, affinity) {
             return Ok(claim);
         }
         let started = Instant::now();
-        let deadline = started + self.queue_timeout;
+        let Settings { queue_timeout, queue_size, .. } = **self.settings.load();
+        let mut deadline = started + queue_timeout;
+        if let Some(must_start) = wait.deadline {
+            if let Some(expected) = self.expected_wait(model, wait.class) {
+                if started + expected > must_start {
+                    return Err(late(model, expected));
+                }
+            }
+            deadline = deadline.min(must_start);
+        }
         let mut front = false;
         loop {
-            let Some(ticket) = self.queues.join(model, exclude, front, self.queue_size) else {
+            let Some(ticket) = self.queues.join(model, wait.class, exclude, front, queue_size)
+            else {
                 return Err(self.unavailable(model, "its queue is full"));
             };
             self.set_depth(model);
@@ -175,6 +265,13 @@ impl Pool {
                 return Ok(claim);
             }
             match tokio::time::timeout_at(deadline, ticket.woken).await {
+                Ok(Ok(Wake::Evicted)) => {
+                    self.record_wait(model, started);
+                    return Err(self.unavailable(
+                        model,
+                        "its queue is full and made room for another key's request",
+                    ));
+                }
                 Ok(_) => {
                     if let Some(claim) = self.try_acquire(model, exclude, affinity) {
                         self.record_wait(model, started);
@@ -189,6 +286,9 @@ impl Pool {
                         self.queues.wake(model, None);
                     }
                     self.record_wait(model, started);
+                    if wait.deadline.is_some_and(|d| d <= deadline) {
+                        return Err(late(model, started.elapsed()));
+                    }
                     return Err(self.unavailable(
                         model,
                         "no slot became free within routing.queue_timeout_ms",
@@ -196,6 +296,24 @@ impl Pool {
                 }
             }
         }
+    }
+
+    /// How long a request of `class` would wait for `model` now: the requests
+    /// ahead of it, over the slots, times how long a slot is held on average.
+    /// `None` before any claim has ended.
+    fn expected_wait(&self, model: &str, class: Class) -> Option<Duration> {
+        let backends = self.backends.load();
+        let serving: Vec<&Arc<Backend>> =
+            backends.iter().filter(|b| b.is_healthy() && b.serves(model)).collect();
+        let slots: u32 = serving.iter().map(|b| b.slots()).sum();
+        let held: Vec<Duration> =
+            serving.iter().map(|b| b.hold()).filter(|h| !h.is_zero()).collect();
+        if slots == 0 || held.is_empty() {
+            return None;
+        }
+        let hold = held.iter().sum::<Duration>() / u32::try_from(held.len()).unwrap_or(1);
+        let ahead = u32::try_from(self.queues.ahead(model, class.priority)).unwrap_or(u32::MAX);
+        Some(hold * ahead.saturating_add(1) / slots)
     }
 
     fn set_depth(&self, model: &str) {
@@ -210,7 +328,7 @@ impl Pool {
     }
 
     fn unavailable(&self, model: &str, why: &str) -> ApiError {
-        if !self.backends.iter().any(|b| b.serves(model) && b.is_healthy()) {
+        if !self.backends.load().iter().any(|b| b.serves(model) && b.is_healthy()) {
             return ApiError::new(
                 ErrorType::UnavailableError,
                 format!("no healthy backend serves model `{model}` right now; retry later"),
@@ -229,6 +347,17 @@ impl Pool {
             self.queues.wake(model, Some(backend.index));
         }
     }
+}
+
+/// A 503 for a request that cannot start before its deadline; `Retry-After`
+/// is the expected wait.
+fn late(model: &str, expected: Duration) -> ApiError {
+    let seconds = u32::try_from(expected.as_secs().max(1)).unwrap_or(u32::MAX);
+    ApiError::slot_unavailable(format!(
+        "no slot for model `{model}` can be free before the request's deadline (x-slotgate-deadline-ms); retry later"
+    ))
+    .with_code("deadline_exceeded")
+    .with_retry_after(seconds)
 }
 
 #[cfg(test)]
@@ -250,6 +379,7 @@ mod tests {
                         models: Some(m.iter().map(|s| s.to_string()).collect()),
                         slots: Some(1),
                         weight: 1,
+                        api_key_env: None,
                     };
                     Arc::new(Backend::new(i, &config))
                 })
@@ -268,6 +398,7 @@ mod tests {
             models: Some(vec!["m".into()]),
             slots: Some(slots),
             weight: 1,
+            api_key_env: None,
         };
         let backend = Arc::new(Backend::new(0, &config));
         backend.check_passed(1);
@@ -284,6 +415,7 @@ mod tests {
                     models: Some(vec!["m".into()]),
                     slots: Some(1),
                     weight: 1,
+                    api_key_env: None,
                 };
                 let backend = Arc::new(Backend::new(i, &config));
                 backend.check_passed(1);
@@ -295,9 +427,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_waiter_times_out_after_the_queue_timeout() {
         let pool = pool(1, 4, 500);
-        let held = pool.acquire("m", &[], None).await.unwrap();
+        let held = pool.acquire("m", &[], None, Wait::default()).await.unwrap();
         let started = Instant::now();
-        let err = pool.acquire("m", &[], None).await.err().unwrap();
+        let err = pool.acquire("m", &[], None, Wait::default()).await.err().unwrap();
         assert_eq!(err.code.as_deref(), Some("slot_unavailable"));
         assert_eq!(started.elapsed(), Duration::from_millis(500));
         assert_eq!(pool.queue_depth("m"), 0, "a timed-out waiter leaves the queue");
@@ -307,13 +439,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_release_wakes_waiters_in_order() {
         let pool = pool(1, 4, 60_000);
-        let held = pool.acquire("m", &[], None).await.unwrap();
+        let held = pool.acquire("m", &[], None, Wait::default()).await.unwrap();
         let order = Arc::new(Mutex::new(Vec::new()));
         let mut waiters = Vec::new();
         for i in 0..3 {
             let (pool, order) = (pool.clone(), order.clone());
             waiters.push(tokio::spawn(async move {
-                let claim = pool.acquire("m", &[], None).await.unwrap();
+                let claim = pool.acquire("m", &[], None, Wait::default()).await.unwrap();
                 order.lock().unwrap().push(i);
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 drop(claim);
@@ -338,22 +470,28 @@ mod tests {
         let backends = two_backends_of_one_slot();
         let pool = Pool::new(backends, &Routing::default());
         let key = Some(11);
-        let home = pool.acquire("m", &[], key).await.unwrap();
+        let home = pool.acquire("m", &[], key, Wait::default()).await.unwrap();
         let home_index = home.backend.index;
         // Its first choice is full: spilled to the other.
-        let away = pool.acquire("m", &[], key).await.unwrap();
+        let away = pool.acquire("m", &[], key, Wait::default()).await.unwrap();
         assert_ne!(away.backend.index, home_index);
         drop(home);
         drop(away);
         // Both free again: it stays where its newest turn is cached.
-        let next = pool.acquire("m", &[], key).await.unwrap();
+        let next = pool.acquire("m", &[], key, Wait::default()).await.unwrap();
         assert_ne!(next.backend.index, home_index);
         drop(next);
         // Until that backend is gone: back to its first choice, and forgotten.
         pool.backends()[1 - home_index].eject();
-        assert_eq!(pool.acquire("m", &[], key).await.unwrap().backend.index, home_index);
+        assert_eq!(
+            pool.acquire("m", &[], key, Wait::default()).await.unwrap().backend.index,
+            home_index
+        );
         pool.backends()[1 - home_index].check_passed(1);
-        assert_eq!(pool.acquire("m", &[], key).await.unwrap().backend.index, home_index);
+        assert_eq!(
+            pool.acquire("m", &[], key, Wait::default()).await.unwrap().backend.index,
+            home_index
+        );
     }
 
     /// A request that excludes backend A (it failed there) is queued before one
@@ -364,20 +502,22 @@ mod tests {
         let backends = two_backends_of_one_slot();
         let routing = Routing { policy: Policy::Slots, ..Routing::default() };
         let pool = Pool::new(backends, &routing);
-        let a = pool.acquire("m", &[], None).await.unwrap();
-        let b = pool.acquire("m", &[], None).await.unwrap();
+        let a = pool.acquire("m", &[], None, Wait::default()).await.unwrap();
+        let b = pool.acquire("m", &[], None, Wait::default()).await.unwrap();
         let (index_a, index_b) = (a.backend.index, b.backend.index);
         let excluding_a = {
             let pool = pool.clone();
             tokio::spawn(async move {
-                pool.acquire("m", &[index_a], None).await.map(|c| c.backend.index)
+                pool.acquire("m", &[index_a], None, Wait::default()).await.map(|c| c.backend.index)
             })
         };
         tokio::time::sleep(Duration::from_millis(1)).await;
         let any = {
             let pool = pool.clone();
             tokio::spawn(async move {
-                pool.acquire("m", &[], None).await.map(|c| (c.backend.index, Instant::now()))
+                pool.acquire("m", &[], None, Wait::default())
+                    .await
+                    .map(|c| (c.backend.index, Instant::now()))
             })
         };
         tokio::time::sleep(Duration::from_millis(1)).await;
@@ -394,9 +534,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_full_queue_refuses_at_once() {
         let pool = pool(1, 0, 60_000);
-        let _held = pool.acquire("m", &[], None).await.unwrap();
+        let _held = pool.acquire("m", &[], None, Wait::default()).await.unwrap();
         let started = Instant::now();
-        let err = pool.acquire("m", &[], None).await.err().unwrap();
+        let err = pool.acquire("m", &[], None, Wait::default()).await.err().unwrap();
         assert_eq!(err.code.as_deref(), Some("slot_unavailable"));
         assert!(err.message.contains("queue is full"), "{}", err.message);
         assert_eq!(started.elapsed(), Duration::ZERO);

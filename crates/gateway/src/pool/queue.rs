@@ -1,7 +1,15 @@
-//! The per-model FIFO queues of requests waiting for a slot. A freed slot wakes
-//! the first waiter that can use the backend it freed on: a request that has
-//! already failed on that backend (and excludes it) lets the next one have it,
-//! rather than taking the wake-up and leaving the slot idle until a health poll.
+//! The per-model queues of requests waiting for a slot. A freed slot wakes the
+//! waiter that should go next and can use the backend it freed on: a request
+//! that has already failed on that backend (and excludes it) lets the next one
+//! have it, rather than taking the wake-up and leaving the slot idle until a
+//! health poll.
+//!
+//! Who goes next: interactive requests before batch ones, and within a
+//! priority, the key served longest ago (round robin over keys), so that one
+//! key's thousand queued requests do not delay another key's one; within a key,
+//! arrival order. A full queue makes room for a key with fewer queued requests
+//! by turning away the newest request of the key with the most, as fair
+//! queueing drops from the fattest flow.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
@@ -9,27 +17,92 @@ use std::sync::{Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
 
+use crate::auth::config::Priority;
+
+/// Whose request it is, for the order of the queue.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Class {
+    /// Interactive before batch.
+    pub priority: Priority,
+    /// The key's number; 0 for requests without a key.
+    pub tenant: u32,
+}
+
+/// What ends a wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// A slot may be free: on this backend, or (`None`) anywhere.
+    Look(Option<usize>),
+    /// The queue was full and made room for another key's request.
+    Evicted,
+}
+
 /// One queued request.
 struct Waiter {
     id: u64,
+    class: Class,
     /// Backends this request may not be sent to (it failed there).
     exclude: Vec<usize>,
-    /// Told which backend freed a slot, or `None` for "look again".
-    wake: oneshot::Sender<Option<usize>>,
+    wake: oneshot::Sender<Wake>,
 }
 
 /// A place in a queue, and the wake-up that ends the wait.
 pub struct Ticket {
     /// Identifies the waiter, to leave the queue.
     pub id: u64,
-    /// Resolves when a slot may be free.
-    pub woken: oneshot::Receiver<Option<usize>>,
+    /// Resolves when a slot may be free, or the request is turned away.
+    pub woken: oneshot::Receiver<Wake>,
+}
+
+/// One model's waiters, and when each key was last served.
+#[derive(Default)]
+struct Queue {
+    waiters: VecDeque<Waiter>,
+    /// Per key, the turn at which it was last served; keys not here never were.
+    served: HashMap<u32, u64>,
+    turn: u64,
+}
+
+impl Queue {
+    fn len(&self) -> usize {
+        self.waiters.len()
+    }
+
+    /// The waiter that goes next among those that may use `freed`.
+    fn next(&self, freed: Option<usize>) -> Option<usize> {
+        let mut best: Option<(usize, (Priority, u64))> = None;
+        for (at, w) in self.waiters.iter().enumerate() {
+            if freed.is_some_and(|b| w.exclude.contains(&b)) || w.wake.is_closed() {
+                continue;
+            }
+            let rank = (w.class.priority, self.served.get(&w.class.tenant).copied().unwrap_or(0));
+            if best.is_none_or(|(_, r)| rank < r) {
+                best = Some((at, rank));
+            }
+        }
+        best.map(|(at, _)| at)
+    }
+
+    /// The newest waiter of the key with the most waiters, when `tenant` has
+    /// fewer than that key even after joining.
+    fn victim(&self, tenant: u32) -> Option<usize> {
+        let mut counts: HashMap<u32, usize> = HashMap::new();
+        for w in &self.waiters {
+            *counts.entry(w.class.tenant).or_default() += 1;
+        }
+        let own = counts.get(&tenant).copied().unwrap_or(0);
+        let (&fattest, &most) = counts.iter().max_by_key(|(t, n)| (**n, **t))?;
+        if fattest == tenant || own + 1 >= most {
+            return None;
+        }
+        self.waiters.iter().rposition(|w| w.class.tenant == fattest)
+    }
 }
 
 /// Every model's queue. A std mutex, held only to push, pop or scan.
 #[derive(Default)]
 pub struct Queues {
-    queues: Mutex<HashMap<String, VecDeque<Waiter>>>,
+    queues: Mutex<HashMap<String, Queue>>,
     next: AtomicU64,
     /// Waiters in all queues, changed under the lock and read without it: most
     /// releases find nobody waiting, and then take no lock that every worker
@@ -38,32 +111,39 @@ pub struct Queues {
 }
 
 impl Queues {
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, VecDeque<Waiter>>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Queue>> {
         // A panic while holding this lock cannot leave the map inconsistent.
         self.queues.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Joins `model`'s queue at the back, or at the front for a request that was
     /// woken and lost the slot to another. `None` when the queue already holds
-    /// `limit` requests (the front is always allowed: the request was in line).
+    /// `limit` requests and no key has more of them than this one's (the front
+    /// is always allowed: the request was in line).
     pub fn join(
         &self,
         model: &str,
+        class: Class,
         exclude: &[usize],
         front: bool,
         limit: usize,
     ) -> Option<Ticket> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (wake, woken) = oneshot::channel();
-        let waiter = Waiter { id, exclude: exclude.to_vec(), wake };
+        let waiter = Waiter { id, class, exclude: exclude.to_vec(), wake };
         let mut queues = self.lock();
         let queue = queues.entry(model.to_owned()).or_default();
         if front {
-            queue.push_front(waiter);
+            queue.waiters.push_front(waiter);
         } else if queue.len() >= limit {
-            return None;
+            let at = queue.victim(class.tenant)?;
+            let evicted = queue.waiters.remove(at).expect("index is in bounds");
+            let _ = evicted.wake.send(Wake::Evicted);
+            // One left, one joins: `waiting` stays as it was.
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
+            queue.waiters.push_back(waiter);
         } else {
-            queue.push_back(waiter);
+            queue.waiters.push_back(waiter);
         }
         self.waiting.fetch_add(1, Ordering::Relaxed);
         drop(queues);
@@ -80,7 +160,7 @@ impl Queues {
         let mut queues = self.lock();
         let Some(queue) = queues.get_mut(model) else { return false };
         let before = queue.len();
-        queue.retain(|w| w.id != id);
+        queue.waiters.retain(|w| w.id != id);
         let left = queue.len() != before;
         if left {
             self.waiting.fetch_sub(1, Ordering::Relaxed);
@@ -88,8 +168,9 @@ impl Queues {
         left
     }
 
-    /// Wakes the first live waiter for `model` that may use backend `freed` (any
-    /// waiter when `None`). Waiters whose request has gone are dropped on the way.
+    /// Wakes the waiter for `model` that goes next among those that may use
+    /// backend `freed` (any waiter when `None`). Waiters whose request has gone
+    /// are dropped on the way.
     pub fn wake(&self, model: &str, freed: Option<usize>) {
         fence(Ordering::SeqCst);
         if self.waiting.load(Ordering::Relaxed) == 0 {
@@ -97,21 +178,15 @@ impl Queues {
         }
         let mut queues = self.lock();
         let Some(queue) = queues.get_mut(model) else { return };
-        let mut at = 0;
-        while at < queue.len() {
-            let waiter = &queue[at];
-            if waiter.wake.is_closed() {
-                queue.remove(at);
-                self.waiting.fetch_sub(1, Ordering::Relaxed);
-                continue;
-            }
-            if freed.is_some_and(|b| waiter.exclude.contains(&b)) {
-                at += 1;
-                continue;
-            }
-            let waiter = queue.remove(at).expect("index is in bounds");
+        let before = queue.len();
+        queue.waiters.retain(|w| !w.wake.is_closed());
+        self.waiting.fetch_sub(before - queue.len(), Ordering::Relaxed);
+        while let Some(at) = queue.next(freed) {
+            let waiter = queue.waiters.remove(at).expect("index is in bounds");
             self.waiting.fetch_sub(1, Ordering::Relaxed);
-            if waiter.wake.send(freed).is_ok() {
+            if waiter.wake.send(Wake::Look(freed)).is_ok() {
+                queue.turn += 1;
+                queue.served.insert(waiter.class.tenant, queue.turn);
                 return;
             }
         }
@@ -119,7 +194,15 @@ impl Queues {
 
     /// Requests waiting for `model`.
     pub fn depth(&self, model: &str) -> usize {
-        self.lock().get(model).map_or(0, VecDeque::len)
+        self.lock().get(model).map_or(0, Queue::len)
+    }
+
+    /// Requests waiting for `model` that go before one of `priority`: those of
+    /// the same priority or a higher one.
+    pub fn ahead(&self, model: &str, priority: Priority) -> usize {
+        self.lock()
+            .get(model)
+            .map_or(0, |q| q.waiters.iter().filter(|w| w.class.priority <= priority).count())
     }
 
     /// Every model with a queue, and its depth.
@@ -135,13 +218,14 @@ mod tests {
     #[test]
     fn a_wake_up_skips_waiters_that_exclude_the_freed_backend() {
         let q = Queues::default();
-        let mut first = q.join("m", &[0], false, 8).unwrap();
-        let mut second = q.join("m", &[], false, 8).unwrap();
+        let c = Class::default();
+        let mut first = q.join("m", c, &[0], false, 8).unwrap();
+        let mut second = q.join("m", c, &[], false, 8).unwrap();
         q.wake("m", Some(0));
         assert!(first.woken.try_recv().is_err(), "backend 0 is no use to the first");
-        assert_eq!(second.woken.try_recv().unwrap(), Some(0));
+        assert_eq!(second.woken.try_recv().unwrap(), Wake::Look(Some(0)));
         q.wake("m", Some(1));
-        assert_eq!(first.woken.try_recv().unwrap(), Some(1));
+        assert_eq!(first.woken.try_recv().unwrap(), Wake::Look(Some(1)));
         assert_eq!(q.depth("m"), 0);
         assert_eq!(q.waiting.load(Ordering::Relaxed), 0, "releases may skip the lock again");
     }
@@ -149,11 +233,58 @@ mod tests {
     #[test]
     fn the_front_is_always_open_and_the_back_has_a_limit() {
         let q = Queues::default();
-        let _a = q.join("m", &[], false, 1).unwrap();
-        assert!(q.join("m", &[], false, 1).is_none());
-        let b = q.join("m", &[], true, 1).unwrap();
+        let c = Class::default();
+        let _a = q.join("m", c, &[], false, 1).unwrap();
+        assert!(q.join("m", c, &[], false, 1).is_none());
+        let b = q.join("m", c, &[], true, 1).unwrap();
         assert!(q.leave("m", b.id));
         assert!(!q.leave("m", b.id), "gone already");
         assert_eq!(q.waiting.load(Ordering::Relaxed), 1, "`_a` still waits");
+    }
+
+    fn class(priority: Priority, tenant: u32) -> Class {
+        Class { priority, tenant }
+    }
+
+    /// Wakes one waiter and says whose it was.
+    fn served(q: &Queues, tickets: &mut Vec<(u32, Ticket)>) -> u32 {
+        q.wake("m", None);
+        let at = tickets.iter_mut().position(|(_, t)| t.woken.try_recv().is_ok()).unwrap();
+        tickets.remove(at).0
+    }
+
+    #[test]
+    fn keys_take_turns_and_interactive_goes_first() {
+        let q = Queues::default();
+        let mut tickets = Vec::new();
+        // Key 1 floods the queue, then key 2 and key 3 send one each.
+        for _ in 0..5 {
+            tickets
+                .push((1, q.join("m", class(Priority::Interactive, 1), &[], false, 64).unwrap()));
+        }
+        tickets.push((2, q.join("m", class(Priority::Interactive, 2), &[], false, 64).unwrap()));
+        tickets.push((3, q.join("m", class(Priority::Batch, 3), &[], false, 64).unwrap()));
+        tickets.push((4, q.join("m", class(Priority::Interactive, 4), &[], false, 64).unwrap()));
+        let order: Vec<u32> = (0..8).map(|_| served(&q, &mut tickets)).collect();
+        // 1 first (all tie, it came first), then 2 and 4 that were never served,
+        // then 1 again; batch only when no interactive request is left.
+        assert_eq!(order, vec![1, 2, 4, 1, 1, 1, 1, 3]);
+    }
+
+    #[test]
+    fn a_full_queue_turns_away_the_fattest_keys_newest() {
+        let q = Queues::default();
+        let mut flood: Vec<Ticket> = (0..4)
+            .map(|_| q.join("m", class(Priority::Interactive, 1), &[], false, 4).unwrap())
+            .collect();
+        assert!(
+            q.join("m", class(Priority::Interactive, 1), &[], false, 4).is_none(),
+            "no room for more of 1"
+        );
+        let _other = q.join("m", class(Priority::Interactive, 2), &[], false, 4).unwrap();
+        assert_eq!(flood.pop().unwrap().woken.try_recv().unwrap(), Wake::Evicted);
+        assert!(flood[0].woken.try_recv().is_err(), "the oldest keep their place");
+        assert_eq!(q.depth("m"), 4);
+        assert_eq!(q.waiting.load(Ordering::Relaxed), 4);
     }
 }

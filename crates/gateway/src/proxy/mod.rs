@@ -9,10 +9,10 @@
 mod peek;
 mod record;
 mod relay;
+mod strip;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -20,10 +20,13 @@ use axum::response::Response;
 use http_body_util::BodyExt;
 use slotgate_protocol::{ApiError, ErrorType};
 
+use crate::auth::limits::UsageBook;
+use crate::auth::Tenant;
 use crate::backend::Backend;
 use crate::error::{api_response, RETRY_AFTER_SECS};
+use crate::live::{Live, LiveCell};
 use crate::metrics as m;
-use crate::pool::{Claim, Pool};
+use crate::pool::{Claim, Class, Pool, Wait};
 use crate::retry::{Failure, Next, Outcome, RetryPolicy};
 use crate::upstream::{Lease, SendError, Upstream};
 use record::Record;
@@ -32,6 +35,9 @@ use relay::Relay;
 /// The header that names a request across the gateway, the backend and the logs.
 pub const REQUEST_ID: &str = "x-request-id";
 
+/// The header with which a request says how long it may wait to start, in ms.
+pub const DEADLINE: &str = "x-slotgate-deadline-ms";
+
 /// Forwards requests: the pool to claim slots from, the client to reach
 /// backends with, and the retry policy.
 pub struct Forwarder {
@@ -39,8 +45,18 @@ pub struct Forwarder {
     upstream: Upstream,
     /// Shared by every worker thread: one budget for the whole gateway.
     retry: Arc<RetryPolicy>,
-    /// Other names for served models, and the model each names.
-    aliases: Arc<BTreeMap<String, String>>,
+    /// Keys, CORS and aliases in force.
+    live: LiveCell,
+    /// What each key has used, against its limits.
+    book: Arc<UsageBook>,
+}
+
+/// Who sent a request, as the routes found out.
+pub struct Caller {
+    /// The live settings the request is served under.
+    pub live: Arc<Live>,
+    /// Its key; `None` when the gateway is open.
+    pub tenant: Option<Arc<Tenant>>,
 }
 
 impl Forwarder {
@@ -49,14 +65,20 @@ impl Forwarder {
         pool: Arc<Pool>,
         upstream: Upstream,
         retry: Arc<RetryPolicy>,
-        aliases: Arc<BTreeMap<String, String>>,
+        live: LiveCell,
+        book: Arc<UsageBook>,
     ) -> Self {
-        Self { pool, upstream, retry, aliases }
+        Self { pool, upstream, retry, live, book }
     }
 
-    /// Other names for served models, and the model each names.
-    pub fn aliases(&self) -> &BTreeMap<String, String> {
-        &self.aliases
+    /// The live settings in force now.
+    pub fn live(&self) -> Arc<Live> {
+        self.live.load_full()
+    }
+
+    /// The usage of every key.
+    pub fn book(&self) -> &Arc<UsageBook> {
+        &self.book
     }
 
     /// The backends and their queues.
@@ -66,14 +88,21 @@ impl Forwarder {
 
     /// Forwards `body` to `path` of a backend serving its model. Every answer,
     /// errors included, carries the request's id.
-    pub async fn forward(&self, path: &'static str, headers: &HeaderMap, body: Bytes) -> Response {
+    pub async fn forward(
+        &self,
+        path: &'static str,
+        headers: &HeaderMap,
+        body: Bytes,
+        caller: Caller,
+    ) -> Response {
         let started = Instant::now();
         let request_id = headers
             .get(REQUEST_ID)
             .filter(|v| !v.is_empty() && v.len() <= 128 && v.to_str().is_ok())
             .cloned()
             .unwrap_or_else(crate::ids::request_id);
-        let mut response = match self.attempts(path, headers, body, &request_id, started).await {
+        let attempts = self.attempts(path, headers, body, &request_id, started, caller);
+        let mut response = match attempts.await {
             Ok(response) => response,
             Err(err) => api_response(err),
         };
@@ -88,12 +117,20 @@ impl Forwarder {
         body: Bytes,
         request_id: &HeaderValue,
         started: Instant,
+        caller: Caller,
     ) -> Result<Response, ApiError> {
         let mut peek = peek::peek(&body, headers, self.pool.uses_affinity())?;
+        let asked = peek.model.clone();
+        let target = caller.live.aliases.get(&peek.model);
+        // Keys are charged for tokens, so a stream must report them: asked for
+        // here when the client did not, and taken out again before it sees them.
+        let strip_usage = caller.tenant.is_some() && peek.stream && !peek.usage_asked;
         let mut body = body;
-        if let Some(target) = self.aliases.get(&peek.model) {
+        if target.is_some() || strip_usage {
             // The backend knows the model by its own name: the body says that one.
-            body = peek::rename_model(&body, target)?;
+            body = peek::rewrite(&body, target.map(String::as_str), strip_usage)?;
+        }
+        if let Some(target) = target {
             peek.model.clone_from(target);
         }
         if peek.model.is_empty() {
@@ -109,6 +146,25 @@ impl Forwarder {
             return Err(ApiError::model_not_found(model));
         }
         let mut record = Record::new(model, started);
+        let mut wait = Wait { class: Class::default(), deadline: deadline(headers, started)? };
+        if let Some(tenant) = &caller.tenant {
+            if !tenant.may_use(&asked, model) {
+                record.refused(403);
+                return Err(ApiError::new(
+                    ErrorType::PermissionError,
+                    format!("the key `{}` may not use the model `{asked}`", tenant.name),
+                )
+                .with_param("model")
+                .with_code("model_not_allowed"));
+            }
+            let permit =
+                self.book.admit(tenant).await.inspect_err(|e| record.refused(e.status()))?;
+            record.permit(permit);
+            wait.class = Class { priority: tenant.priority, tenant: tenant.id };
+        }
+        // A client's key opens this gateway, not the backends: with keys, it is
+        // never passed on.
+        let pass_key = caller.live.auth.is_open();
         self.retry.arrived();
         let mut exclude: Vec<usize> = Vec::new();
         let mut failed = 0;
@@ -119,7 +175,7 @@ impl Forwarder {
                 // Nowhere else to go: the same backend again, on a fresh attempt.
                 exclude.clear();
             }
-            let claim = match self.pool.acquire(model, &exclude, peek.affinity).await {
+            let claim = match self.pool.acquire(model, &exclude, peek.affinity, wait).await {
                 Ok(claim) => claim,
                 Err(err) => {
                     record.refused(err.status());
@@ -129,7 +185,8 @@ impl Forwarder {
             made += 1;
             let backend = claim.backend.clone();
             tracing::debug!(request_id = ?request_id, model, backend = %backend.url(), made, "forwarding");
-            let result = self.attempt(claim, path, headers, &body, request_id, peek.stream).await;
+            let send = Send { path, headers, body: &body, request_id, pass_key };
+            let result = self.attempt(claim, &send, peek.stream).await;
             let outcome = match &result {
                 Ok((status, _)) => Outcome::Answered(status.as_u16()),
                 Err(failure) => Outcome::Failed(*failure),
@@ -137,7 +194,7 @@ impl Forwarder {
             let verdict = self.retry.judge(outcome, failed);
             if !verdict.retryable {
                 if let Ok((status, answer)) = result {
-                    return Ok(answer.into_response(&backend, status, record));
+                    return Ok(answer.into_response(&backend, status, record, strip_usage));
                 }
                 break;
             }
@@ -176,26 +233,28 @@ impl Forwarder {
     async fn attempt(
         &self,
         claim: Claim,
-        path: &'static str,
-        headers: &HeaderMap,
-        body: &Bytes,
-        request_id: &HeaderValue,
+        send: &Send<'_>,
         stream: bool,
     ) -> Result<(StatusCode, Answer), Failure> {
         let backend = &claim.backend;
         let mut extra: Vec<(HeaderName, HeaderValue)> =
-            vec![(HeaderName::from_static(REQUEST_ID), request_id.clone())];
-        if let Some(auth) = headers.get(header::AUTHORIZATION) {
-            extra.push((header::AUTHORIZATION, auth.clone()));
+            vec![(HeaderName::from_static(REQUEST_ID), send.request_id.clone())];
+        let key = match &backend.api_key {
+            Some(own) => Some(own),
+            None => send.headers.get(header::AUTHORIZATION).filter(|_| send.pass_key),
+        };
+        if let Some(key) = key {
+            extra.push((header::AUTHORIZATION, key.clone()));
         }
-        let (upstream, lease) =
-            self.upstream.post(&backend.url(), path, extra, body.clone()).await.map_err(|e| {
-                tracing::debug!(error = %e, backend = %backend.url(), "no answer");
-                match e {
-                    SendError::Connect(_) => Failure::Connect,
-                    SendError::Broken(_) | SendError::Uri(_) => Failure::BeforeFirstByte,
-                }
-            })?;
+        let url = backend.url();
+        let posted = self.upstream.post(&url, send.path, extra, send.body.clone());
+        let (upstream, lease) = posted.await.map_err(|e| {
+            tracing::debug!(error = %e, backend = %backend.url(), "no answer");
+            match e {
+                SendError::Connect(_) => Failure::Connect,
+                SendError::Broken(_) | SendError::Uri(_) => Failure::BeforeFirstByte,
+            }
+        })?;
         let status = upstream.status();
         if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
             let bytes = collect(upstream.into_body(), lease).await.unwrap_or_default();
@@ -220,11 +279,30 @@ impl Forwarder {
             return Ok((status, Answer::Stream { first, upstream, lease, claim }));
         }
         let bytes = collect(upstream, lease).await.map_err(|_| Failure::BrokenBody)?;
-        if status.is_success() {
-            count_reuse(backend, &bytes);
-        }
         Ok((status, Answer::Whole(bytes)))
     }
+}
+
+/// What every attempt of one request sends.
+struct Send<'a> {
+    path: &'static str,
+    headers: &'a HeaderMap,
+    body: &'a Bytes,
+    request_id: &'a HeaderValue,
+    /// Whether the client's own `Authorization` goes to the backend.
+    pass_key: bool,
+}
+
+/// The deadline a request set with `x-slotgate-deadline-ms`, from its arrival.
+fn deadline(
+    headers: &HeaderMap,
+    started: Instant,
+) -> Result<Option<tokio::time::Instant>, ApiError> {
+    let Some(value) = headers.get(DEADLINE) else { return Ok(None) };
+    let ms: u64 = value.to_str().ok().and_then(|v| v.trim().parse().ok()).ok_or_else(|| {
+        ApiError::invalid(DEADLINE, format!("{DEADLINE} must be a whole number of milliseconds"))
+    })?;
+    Ok(Some(tokio::time::Instant::from_std(started) + Duration::from_millis(ms)))
 }
 
 /// What a backend answered.
@@ -237,10 +315,19 @@ enum Answer {
 }
 
 impl Answer {
-    fn into_response(self, backend: &Backend, status: StatusCode, mut record: Record) -> Response {
+    fn into_response(
+        self,
+        backend: &Backend,
+        status: StatusCode,
+        mut record: Record,
+        strip_usage: bool,
+    ) -> Response {
         record.answered(backend.url(), status.as_u16());
         match self {
             Self::Whole(bytes) => {
+                if status.is_success() {
+                    count_usage(backend, &mut record, &bytes);
+                }
                 let mut response = Response::new(Body::from(bytes));
                 *response.status_mut() = status;
                 let h = response.headers_mut();
@@ -251,7 +338,8 @@ impl Answer {
                 response
             }
             Self::Stream { first, upstream, lease, claim } => {
-                let relay = Relay::new(first, upstream, lease, claim, record);
+                let strip = strip_usage.then(strip::UsageStrip::default);
+                let relay = Relay::new(first, upstream, lease, claim, record, strip);
                 let mut response = Response::new(Body::new(relay));
                 *response.status_mut() = status;
                 let h = response.headers_mut();
@@ -270,9 +358,11 @@ async fn collect(body: hyper::body::Incoming, lease: Lease) -> Result<Bytes, hyp
     Ok(bytes)
 }
 
-/// Counts the prompt-cache reuse that `backend` reported in an answer or chunk.
-fn count_reuse(backend: &Backend, bytes: &[u8]) {
-    if let Some((prompt, cached)) = crate::usage::scan(bytes) {
-        m::prompt_reuse(&backend.url(), prompt, cached);
+/// Counts the usage that `backend` reported in an answer or chunk: its
+/// prompt-cache reuse, and the tokens of the request's key.
+fn count_usage(backend: &Backend, record: &mut Record, bytes: &[u8]) {
+    if let Some(usage) = crate::usage::scan(bytes) {
+        m::prompt_reuse(&backend.url(), usage.prompt, usage.cached);
+        record.tokens(usage.prompt, usage.completion);
     }
 }

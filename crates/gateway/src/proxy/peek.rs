@@ -16,6 +16,8 @@ pub struct Peek {
     pub stream: bool,
     /// The affinity key for `cache_aware` routing.
     pub affinity: Option<u64>,
+    /// Whether a stream asked for its usage (`stream_options.include_usage`).
+    pub usage_asked: bool,
 }
 
 /// The two fields every policy needs; the rest of the body is checked to be
@@ -24,6 +26,7 @@ pub struct Peek {
 struct Head {
     model: Option<Value>,
     stream: Option<Value>,
+    stream_options: Option<Value>,
 }
 
 /// [`Head`] and what the affinity key is derived from: of a chat, only its
@@ -32,6 +35,7 @@ struct Head {
 struct Keyed {
     model: Option<Value>,
     stream: Option<Value>,
+    stream_options: Option<Value>,
     prompt_cache_key: Option<Value>,
     messages: Option<Opening>,
     prompt: Option<Value>,
@@ -43,7 +47,7 @@ struct Keyed {
 /// `affinity` is asked for. A missing model is left empty, for the caller to
 /// fill in when only one model is served.
 pub fn peek(body: &[u8], headers: &HeaderMap, affinity: bool) -> Result<Peek, ApiError> {
-    let (model, stream, keyed) = if affinity {
+    let (model, stream, options, keyed) = if affinity {
         let k: Keyed = slotgate_protocol::parse_json(body)?;
         let mut fields = serde_json::Map::new();
         let parts = [
@@ -56,10 +60,10 @@ pub fn peek(body: &[u8], headers: &HeaderMap, affinity: bool) -> Result<Peek, Ap
                 fields.insert(name.to_owned(), value);
             }
         }
-        (k.model, k.stream, Some(Value::Object(fields)))
+        (k.model, k.stream, k.stream_options, Some(Value::Object(fields)))
     } else {
         let head: Head = slotgate_protocol::parse_json(body)?;
-        (head.model, head.stream, None)
+        (head.model, head.stream, head.stream_options, None)
     };
     let model = match model {
         Some(Value::String(m)) => m,
@@ -68,15 +72,32 @@ pub fn peek(body: &[u8], headers: &HeaderMap, affinity: bool) -> Result<Peek, Ap
     };
     let affinity = keyed.and_then(|v| crate::affinity::key(&model, &v, headers));
     let stream = stream.as_ref().and_then(Value::as_bool).unwrap_or(false);
-    Ok(Peek { model, stream, affinity })
+    let usage_asked =
+        options.as_ref().and_then(|o| o.get("include_usage")).and_then(Value::as_bool)
+            == Some(true);
+    Ok(Peek { model, stream, affinity, usage_asked })
 }
 
-/// `body` with its `model` replaced by `model` (an alias resolved); the rest of
-/// the body is kept as sent.
-pub fn rename_model(body: &axum::body::Bytes, model: &str) -> Result<axum::body::Bytes, ApiError> {
+/// `body` with its `model` replaced by `model` (an alias resolved) and, with
+/// `ask_usage`, `stream_options.include_usage` set; the rest of the body is
+/// kept as sent.
+pub fn rewrite(
+    body: &axum::body::Bytes,
+    model: Option<&str>,
+    ask_usage: bool,
+) -> Result<axum::body::Bytes, ApiError> {
     let mut value: Value = slotgate_protocol::parse_json(body)?;
     if let Some(object) = value.as_object_mut() {
-        object.insert("model".into(), Value::String(model.to_owned()));
+        if let Some(model) = model {
+            object.insert("model".into(), Value::String(model.to_owned()));
+        }
+        if ask_usage {
+            let options = object.entry("stream_options").or_insert_with(|| serde_json::json!({}));
+            if !options.is_object() {
+                *options = serde_json::json!({});
+            }
+            options["include_usage"] = Value::Bool(true);
+        }
     }
     Ok(axum::body::Bytes::from(serde_json::to_vec(&value).map_err(|_| ApiError::internal())?))
 }

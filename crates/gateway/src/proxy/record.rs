@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::auth::limits::Permit;
 use crate::metrics as m;
 
 /// What the metrics say of one request; recorded when dropped.
@@ -15,12 +16,33 @@ pub struct Record {
     started: Instant,
     /// When the answer's first byte went out.
     first_byte: Option<Instant>,
+    /// The key's admission, given back (with the tokens) at the end.
+    permit: Option<Permit>,
 }
 
 impl Record {
     /// A request for `model` that arrived at `started`.
     pub fn new(model: &str, started: Instant) -> Self {
-        Self { model: model.to_owned(), backend: None, status: 0, started, first_byte: None }
+        Self {
+            model: model.to_owned(),
+            backend: None,
+            status: 0,
+            started,
+            first_byte: None,
+            permit: None,
+        }
+    }
+
+    /// The request was admitted under a key's limits.
+    pub fn permit(&mut self, permit: Permit) {
+        self.permit = Some(permit);
+    }
+
+    /// The answer reported these tokens: charged to the key, if any.
+    pub fn tokens(&mut self, prompt: u64, completion: u64) {
+        if let Some(permit) = &mut self.permit {
+            permit.tokens(prompt, completion);
+        }
     }
 
     /// The gateway answered itself, with an error of this status.

@@ -15,6 +15,7 @@ use hyper::body::Incoming;
 use slotgate_protocol::{sse, ApiError, ErrorType};
 
 use super::record::Record;
+use super::strip::UsageStrip;
 use crate::pool::Claim;
 use crate::upstream::Lease;
 
@@ -25,7 +26,9 @@ pub struct Relay {
     /// Taken when the stream ends cleanly, to pool the connection again.
     lease: Option<Lease>,
     claim: Claim,
-    _record: Record,
+    record: Record,
+    /// Takes out the usage event that the gateway asked for, not the client.
+    strip: Option<UsageStrip>,
     ended: bool,
     /// Whether the backend declared the stream's length, which the client then gets.
     sized: bool,
@@ -39,10 +42,25 @@ impl Relay {
         lease: Lease,
         claim: Claim,
         record: Record,
+        strip: Option<UsageStrip>,
     ) -> Self {
         let lease = Some(lease);
-        let sized = upstream.size_hint().exact().is_some();
-        Self { first: Some(first), upstream, lease, claim, _record: record, ended: false, sized }
+        // A stream with an event taken out cannot keep its declared length.
+        let sized = upstream.size_hint().exact().is_some() && strip.is_none();
+        let mut relay =
+            Self { first: None, upstream, lease, claim, record, strip, ended: false, sized };
+        relay.first = Some(relay.pass(first));
+        relay
+    }
+
+    /// A piece of the stream as the client gets it, its usage counted.
+    fn pass(&mut self, data: Bytes) -> Bytes {
+        // Only the last chunk of a stream that asked for usage carries it.
+        super::count_usage(&self.claim.backend, &mut self.record, &data);
+        match &mut self.strip {
+            Some(strip) => strip.filter(data),
+            None => data,
+        }
     }
 }
 
@@ -79,8 +97,7 @@ impl Body for Relay {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Some(Ok(frame))) => {
                     let Ok(data) = frame.into_data() else { continue };
-                    // Only the last chunk of a stream that asked for usage carries it.
-                    super::count_reuse(&this.claim.backend, &data);
+                    let data = this.pass(data);
                     if this.upstream.is_end_stream() {
                         // The declared length is read: hyper will not poll again.
                         this.finish();
@@ -104,7 +121,8 @@ impl Body for Relay {
                 }
                 Poll::Ready(None) => {
                     this.finish();
-                    return Poll::Ready(None);
+                    let rest = this.strip.as_mut().and_then(UsageStrip::finish);
+                    return Poll::Ready(rest.map(|b| Ok(Frame::data(b))));
                 }
             }
         }
@@ -216,6 +234,7 @@ mod tests {
             models: Some(vec!["m".into()]),
             slots: Some(1),
             weight: 1,
+            api_key_env: None,
         }];
         let config = GatewayConfig { workers: 1, backends, routing, ..GatewayConfig::default() };
         let gateway = Gateway::serve(listener, config, std::future::pending()).await.unwrap();

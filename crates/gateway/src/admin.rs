@@ -1,0 +1,276 @@
+//! The admin API (admin key only): backends listed, added, drained and removed
+//! at run time, keys with their limits and usage, and the reload of the
+//! configuration, which `SIGHUP` also triggers.
+//!
+//! A reload re-reads the same sources as the start (file, environment, flags)
+//! and applies keys, limits, CORS, aliases, the queue and policy settings and
+//! the list of backends, without dropping a request: each request keeps the
+//! settings it arrived under, and a backend that leaves the list drains first.
+//! An invalid configuration is refused with the reason and the old one stays.
+//! Supervised engines, the listen address, workers, health and retry settings
+//! are read at start only; a reload that changes them says so in its log.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use slotgate_protocol::{ApiError, ErrorType};
+
+use crate::auth::limits::UsageBook;
+use crate::backend::Backend;
+use crate::config::{BackendConfig, Cli, GatewayConfig};
+use crate::error::GatewayError;
+use crate::live::{Live, LiveCell};
+use crate::pool::Pool;
+use crate::routes::{App, Shared};
+
+/// The admin routes.
+pub fn routes() -> Router<Arc<App>> {
+    Router::new()
+        .route("/admin/backends", get(list).post(add))
+        .route("/admin/backends/{id}", axum::routing::delete(remove))
+        .route("/admin/backends/{id}/drain", post(drain))
+        .route("/admin/keys", get(keys))
+        .route("/admin/reload", post(reload))
+}
+
+/// Re-reads the configuration and applies it.
+#[derive(Clone)]
+pub struct Reload {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// Where the configuration came from; `None`: built in code, nothing to re-read.
+    source: Option<Cli>,
+    /// The configuration in force.
+    config: Mutex<GatewayConfig>,
+    live: LiveCell,
+    book: Arc<UsageBook>,
+    pool: Arc<Pool>,
+}
+
+impl Reload {
+    /// Reloads of `config`, which was read from `source`.
+    pub fn new(
+        source: Option<Cli>,
+        config: GatewayConfig,
+        live: LiveCell,
+        book: Arc<UsageBook>,
+        pool: Arc<Pool>,
+    ) -> Self {
+        Self { inner: Arc::new(Inner { source, config: Mutex::new(config), live, book, pool }) }
+    }
+
+    /// Reads the configuration again and applies it; the error says why it was refused.
+    pub fn apply(&self) -> Result<Value, GatewayError> {
+        let inner = &self.inner;
+        let Some(source) = &inner.source else {
+            return Err(GatewayError::Config(
+                "this gateway was not started from a configuration".into(),
+            ));
+        };
+        let new = GatewayConfig::load(source)?;
+        let live = Live::build(&new, &inner.book)?;
+        let mut old = inner.config.lock().unwrap_or_else(|e| e.into_inner());
+        let fixed = [
+            ("listen", old.listen != new.listen),
+            ("workers", old.workers != new.workers),
+            ("engines", old.engines != new.engines),
+            ("drain_timeout_ms", old.drain_timeout_ms != new.drain_timeout_ms),
+            ("max_body_bytes", old.max_body_bytes != new.max_body_bytes),
+            ("auth.redis_url", old.auth.redis_url != new.auth.redis_url),
+        ];
+        let kept: Vec<&str> =
+            fixed.iter().filter(|(_, changed)| *changed).map(|(k, _)| *k).collect();
+        if !kept.is_empty() {
+            tracing::warn!(settings = ?kept, "reload: these settings apply only at start; restart to change them");
+        }
+        inner.live.store(Arc::new(live));
+        inner.pool.set_routing(&new.routing);
+        let mut added = 0;
+        for b in new.backends.iter().filter(|b| !old.backends.contains(b)) {
+            inner.pool.add(b);
+            added += 1;
+        }
+        let mut removed = 0;
+        for gone in old.backends.iter().filter(|b| !new.backends.contains(b)) {
+            let url = gone.url.trim_end_matches('/');
+            let backends = inner.pool.backends();
+            let found =
+                backends.iter().find(|b| b.fixed_url.as_deref() == Some(url) && !b.is_draining());
+            if let Some(backend) = found {
+                retire(&inner.pool, backend.clone(), Duration::from_millis(new.drain_timeout_ms));
+                removed += 1;
+            }
+        }
+        tracing::info!(added, removed, keys = new.keys.len(), "configuration reloaded");
+        *old = new;
+        Ok(
+            json!({"reloaded": true, "backends_added": added, "backends_removed": removed, "keys": old.keys.len()}),
+        )
+    }
+}
+
+/// Drains `backend` and takes it out of the pool once its requests have ended,
+/// or after `limit`, whichever comes first (requests still on it keep it).
+fn retire(pool: &Arc<Pool>, backend: Arc<Backend>, limit: Duration) {
+    backend.drain();
+    let pool = pool.clone();
+    tokio::spawn(async move {
+        let until = tokio::time::Instant::now() + limit;
+        while backend.in_flight() > 0 && tokio::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        pool.remove(backend.index);
+        tracing::info!(backend = %backend.url(), "removed");
+    });
+}
+
+fn admin(app: &App, headers: &HeaderMap) -> Result<(), GatewayError> {
+    app.forwarder.live().auth.admin(headers).map_err(GatewayError::Api)
+}
+
+fn describe(pool: &Pool, b: &Backend) -> Value {
+    let queue: std::collections::BTreeMap<_, _> =
+        b.models().iter().map(|m| (m.clone(), pool.queue_depth(m))).collect();
+    json!({
+        "id": b.index,
+        "url": b.url().as_str(),
+        "models": b.models().as_slice(),
+        "healthy": b.is_healthy(),
+        "draining": b.is_draining(),
+        "supervised": b.is_supervised(),
+        "slots_total": b.slots(),
+        "slots_busy": b.in_flight() + b.foreign_busy(),
+        "in_flight": b.in_flight(),
+        "weight": b.weight,
+        "queue": queue,
+    })
+}
+
+/// `GET /admin/backends`: each backend's state.
+async fn list(State(app): Shared, headers: HeaderMap) -> Result<Json<Value>, GatewayError> {
+    admin(&app, &headers)?;
+    let pool = app.forwarder.pool();
+    let backends: Vec<Value> = pool.backends().iter().map(|b| describe(pool, b)).collect();
+    Ok(Json(json!({ "backends": backends })))
+}
+
+/// `POST /admin/backends`: adds a backend, as a `[[backends]]` entry is written.
+async fn add(
+    State(app): Shared,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, GatewayError> {
+    admin(&app, &headers)?;
+    let config: BackendConfig = slotgate_protocol::parse_json(&body)?;
+    let check = GatewayConfig { backends: vec![config.clone()], ..GatewayConfig::default() };
+    check
+        .validate()
+        .map_err(|e| ApiError::invalid("url", e.to_string().replace("backends[0].", "")))?;
+    let pool = app.forwarder.pool();
+    let backend = pool.add(&config);
+    tracing::info!(backend = %backend.url(), id = backend.index, "added by the admin API");
+    Ok((StatusCode::CREATED, Json(describe(pool, &backend))).into_response())
+}
+
+fn find(app: &App, id: usize) -> Result<Arc<Backend>, ApiError> {
+    app.forwarder
+        .pool()
+        .find(id)
+        .ok_or_else(|| ApiError::new(ErrorType::NotFoundError, format!("no backend has id {id}")))
+}
+
+/// `POST /admin/backends/{id}/drain`: no new requests; those in flight finish.
+async fn drain(
+    State(app): Shared,
+    headers: HeaderMap,
+    Path(id): Path<usize>,
+) -> Result<Json<Value>, GatewayError> {
+    admin(&app, &headers)?;
+    let backend = find(&app, id)?;
+    backend.drain();
+    tracing::info!(backend = %backend.url(), "draining, by the admin API");
+    Ok(Json(describe(app.forwarder.pool(), &backend)))
+}
+
+/// `DELETE /admin/backends/{id}`: drains the backend, and removes it once its
+/// requests have ended (202 while some remain).
+async fn remove(
+    State(app): Shared,
+    headers: HeaderMap,
+    Path(id): Path<usize>,
+) -> Result<Response, GatewayError> {
+    admin(&app, &headers)?;
+    let backend = find(&app, id)?;
+    if backend.is_supervised() {
+        return Err(ApiError::invalid(
+            "id",
+            "a supervised engine: take it out of [[engines]] and restart, or drain it",
+        )
+        .into());
+    }
+    let pool = app.forwarder.pool();
+    let status = if backend.in_flight() == 0 {
+        backend.drain();
+        pool.remove(id);
+        StatusCode::OK
+    } else {
+        retire(pool, backend.clone(), Duration::from_secs(3600));
+        StatusCode::ACCEPTED
+    };
+    Ok((status, Json(describe(pool, &backend))).into_response())
+}
+
+/// `GET /admin/keys`: each key's name, limits and usage; never its secret.
+async fn keys(State(app): Shared, headers: HeaderMap) -> Result<Json<Value>, GatewayError> {
+    admin(&app, &headers)?;
+    let live = app.forwarder.live();
+    let minute = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() / 60);
+    let keys: Vec<Value> = live
+        .auth
+        .tenants()
+        .iter()
+        .map(|t| {
+            let u = &t.usage;
+            let window = u.window(minute);
+            let load =
+                |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+            json!({
+                "name": &*t.name,
+                "priority": t.priority.label(),
+                "models": t.models(),
+                "limits": t.limits,
+                "usage": {
+                    "in_flight": u.in_flight.load(std::sync::atomic::Ordering::Relaxed),
+                    "requests": load(&u.requests),
+                    "prompt_tokens": load(&u.prompt_tokens),
+                    "completion_tokens": load(&u.completion_tokens),
+                    "this_minute": {"requests": window.requests, "tokens": window.tokens},
+                    "refusals": u.refusals(),
+                },
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "keys": keys })))
+}
+
+/// `POST /admin/reload`: as `SIGHUP`.
+async fn reload(State(app): Shared, headers: HeaderMap) -> Result<Json<Value>, GatewayError> {
+    admin(&app, &headers)?;
+    app.reload.apply().map(Json).map_err(|e| match e {
+        GatewayError::Config(reason) => GatewayError::Api(ApiError::invalid(
+            "config",
+            format!("reload refused, the old configuration stays: {reason}"),
+        )),
+        other => other,
+    })
+}

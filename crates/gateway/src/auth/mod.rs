@@ -1,0 +1,217 @@
+//! Who is calling: the client keys (`[[keys]]`) and the admin key. Without any
+//! client key the gateway is open, as before; with keys, every forwarded request
+//! and model list needs one, compared in constant time against stored hashes.
+//! The secret is never kept, logged nor used as a label: only its SHA-256 and
+//! the key's name.
+
+pub mod config;
+pub mod cors;
+pub mod limits;
+pub mod shared;
+
+use std::sync::Arc;
+
+use axum::http::{header, HeaderMap};
+use sha2::{Digest, Sha256};
+use slotgate_protocol::{ApiError, ErrorType};
+
+use config::{AuthConfig, KeyConfig, Priority};
+use limits::{Limits, Usage, UsageBook};
+
+/// The SHA-256 of a secret.
+pub fn digest(secret: &[u8]) -> [u8; 32] {
+    Sha256::digest(secret).into()
+}
+
+/// Whether two digests are equal, in a time that does not depend on where they
+/// differ.
+fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// One client key as the gateway uses it.
+#[derive(Debug)]
+pub struct Tenant {
+    /// Its name from the configuration.
+    pub name: Arc<str>,
+    digest: [u8; 32],
+    /// Models it may use, by name or alias; `None`: all.
+    models: Option<Vec<String>>,
+    /// Its place in the queues.
+    pub priority: Priority,
+    /// Its number, stable across reloads, that the queues tell keys apart by.
+    pub id: u32,
+    /// Its limits.
+    pub limits: Limits,
+    /// What it has used; kept across reloads.
+    pub usage: Arc<Usage>,
+}
+
+impl Tenant {
+    /// The models it may use; `None`: all.
+    pub fn models(&self) -> Option<&[String]> {
+        self.models.as_deref()
+    }
+
+    /// Whether it may use `model` (asked as `asked`, which may be an alias).
+    pub fn may_use(&self, asked: &str, model: &str) -> bool {
+        self.models.as_ref().is_none_or(|m| m.iter().any(|x| x == asked || x == model))
+    }
+}
+
+/// The keys in force; replaced whole on reload.
+#[derive(Debug, Default)]
+pub struct Auth {
+    tenants: Vec<Arc<Tenant>>,
+    admin: Option<[u8; 32]>,
+}
+
+impl Auth {
+    /// The keys of `keys` and `auth`, their usage taken from `book` by name.
+    pub fn build(keys: &[KeyConfig], auth: &AuthConfig, book: &UsageBook) -> Result<Self, String> {
+        config::check_keys(keys)?;
+        let admin = auth.admin_digest()?;
+        let mut tenants = Vec::with_capacity(keys.len());
+        for (i, key) in keys.iter().enumerate() {
+            let (id, usage) = book.entry(&key.name);
+            tenants.push(Arc::new(Tenant {
+                name: key.name.as_str().into(),
+                digest: key.digest(&format!("keys[{i}]"))?,
+                models: key.models.clone(),
+                priority: key.priority,
+                id,
+                limits: Limits::of(key),
+                usage,
+            }));
+        }
+        Ok(Self { tenants, admin })
+    }
+
+    /// Whether clients need no key.
+    pub fn is_open(&self) -> bool {
+        self.tenants.is_empty()
+    }
+
+    /// Every client key.
+    pub fn tenants(&self) -> &[Arc<Tenant>] {
+        &self.tenants
+    }
+
+    /// The caller's key: `None` when the gateway is open, else its tenant or a 401.
+    pub fn identify(&self, headers: &HeaderMap) -> Result<Option<Arc<Tenant>>, ApiError> {
+        if self.is_open() {
+            return Ok(None);
+        }
+        let Some(secret) = presented(headers) else {
+            return Err(unauthorized(
+                "no API key: send it as `Authorization: Bearer KEY` or in `x-api-key`",
+            ));
+        };
+        let d = digest(secret);
+        // Every key is compared, found or not: the time says nothing of which.
+        let mut found = None;
+        for tenant in &self.tenants {
+            if same(&tenant.digest, &d) {
+                found = Some(tenant.clone());
+            }
+        }
+        found.map(Some).ok_or_else(|| unauthorized("the API key is not valid"))
+    }
+
+    /// Whether the caller may use the admin API: it sent the admin key, or the
+    /// gateway has neither client keys nor an admin key (open, as before).
+    pub fn admin(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        let Some(admin) = &self.admin else {
+            if self.is_open() {
+                return Ok(());
+            }
+            return Err(ApiError::new(
+                ErrorType::PermissionError,
+                "the admin API is closed: no admin key is configured (auth.admin_key_env)",
+            ));
+        };
+        let Some(secret) = presented(headers) else {
+            return Err(unauthorized("the admin API needs the admin key"));
+        };
+        if same(admin, &digest(secret)) {
+            return Ok(());
+        }
+        if self.tenants.iter().any(|t| same(&t.digest, &digest(secret))) {
+            return Err(ApiError::new(
+                ErrorType::PermissionError,
+                "a client key does not open the admin API",
+            ));
+        }
+        Err(unauthorized("the API key is not valid"))
+    }
+}
+
+/// The key a client sent: `Authorization: Bearer KEY` (the OpenAI SDKs), or
+/// `x-api-key`.
+fn presented(headers: &HeaderMap) -> Option<&[u8]> {
+    if let Some(value) = headers.get(header::AUTHORIZATION) {
+        let bytes = value.as_bytes();
+        let scheme = bytes.get(..7)?;
+        if scheme.eq_ignore_ascii_case(b"bearer ") {
+            let key = bytes[7..].trim_ascii();
+            return (!key.is_empty()).then_some(key);
+        }
+    }
+    headers.get("x-api-key").map(|v| v.as_bytes().trim_ascii()).filter(|k| !k.is_empty())
+}
+
+fn unauthorized(message: &str) -> ApiError {
+    ApiError::new(ErrorType::AuthenticationError, message).with_code("invalid_api_key")
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::HeaderValue;
+
+    use super::*;
+
+    fn headers(name: &'static str, value: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(name, HeaderValue::from_str(value).unwrap());
+        h
+    }
+
+    fn auth(admin_env: Option<&str>) -> Auth {
+        let keys =
+            [KeyConfig { name: "a".into(), key: Some("sk-a".into()), ..KeyConfig::default() }];
+        let config = AuthConfig { admin_key_env: admin_env.map(Into::into), redis_url: None };
+        Auth::build(&keys, &config, &UsageBook::default()).unwrap()
+    }
+
+    #[test]
+    fn a_client_key_opens_the_api_and_never_the_admin_api() {
+        let auth = auth(None);
+        let bearer = headers("authorization", "Bearer sk-a");
+        assert_eq!(&*auth.identify(&bearer).unwrap().unwrap().name, "a");
+        let x = headers("x-api-key", "sk-a");
+        assert_eq!(&*auth.identify(&x).unwrap().unwrap().name, "a");
+        for bad in [
+            HeaderMap::new(),
+            headers("authorization", "Bearer sk-b"),
+            headers("authorization", "Basic sk-a"),
+        ] {
+            let err = auth.identify(&bad).unwrap_err();
+            assert_eq!((err.status(), err.code.as_deref()), (401, Some("invalid_api_key")));
+        }
+        assert_eq!(auth.admin(&bearer).unwrap_err().status(), 403, "no admin key: closed");
+        assert!(Auth::default().admin(&HeaderMap::new()).is_ok(), "open as before");
+        assert!(Auth::default().identify(&HeaderMap::new()).unwrap().is_none());
+    }
+
+    #[test]
+    fn the_admin_key_opens_only_the_admin_api() {
+        // The variable is this test's own.
+        std::env::set_var("SLOTGATE_TEST_ADMIN_KEY_UNIT", "sk-admin");
+        let auth = auth(Some("SLOTGATE_TEST_ADMIN_KEY_UNIT"));
+        let admin = headers("authorization", "Bearer sk-admin");
+        assert!(auth.admin(&admin).is_ok());
+        assert_eq!(auth.identify(&admin).unwrap_err().status(), 401);
+        assert_eq!(auth.admin(&headers("authorization", "Bearer sk-a")).unwrap_err().status(), 403);
+        assert_eq!(auth.admin(&HeaderMap::new()).unwrap_err().status(), 401);
+    }
+}
