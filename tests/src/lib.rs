@@ -144,17 +144,73 @@ pub fn gateway(backends: &[&str], env: &[(&str, &str)]) -> Process {
     Process::start_with_env(&binary("slotgate"), &args, &env)
 }
 
+/// Starts the gateway with the settings file `config`, with `SLOTGATE_*` settings
+/// and other variables in `env`, checking its backends every 100 ms.
+pub fn gateway_with_config(config: &Path, env: &[(&str, &str)]) -> Process {
+    let config = config.to_str().expect("utf-8 path");
+    let mut env = env.to_vec();
+    env.push(("SLOTGATE_ROUTING__HEALTH_INTERVAL_MS", "100"));
+    env.push(("SLOTGATE_ROUTING__HEALTHY_THRESHOLD", "1"));
+    Process::start_with_env(&binary("slotgate"), &["--config", config], &env)
+}
+
+/// A file written by a test, removed when dropped.
+pub struct TempFile {
+    /// Where it is.
+    pub path: PathBuf,
+}
+
+impl TempFile {
+    /// Writes `contents` to a new file named after `name`.
+    pub fn new(name: &str, contents: &str) -> Self {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("slotgate-{}-{n}-{name}", std::process::id()));
+        let file = Self { path };
+        file.write(contents);
+        file
+    }
+
+    /// Replaces the contents.
+    pub fn write(&self, contents: &str) {
+        std::fs::write(&self.path, contents).expect("write a temporary file");
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 /// Waits until the gateway's `/health` passes (its backends were admitted).
 pub async fn ready(client: &reqwest::Client, gateway: &Process, backends: usize) {
+    ready_as(client, gateway, backends, None).await;
+}
+
+/// [`ready`], asking the admin API with `admin_key` when the gateway has one.
+pub async fn ready_as(
+    client: &reqwest::Client,
+    gateway: &Process,
+    backends: usize,
+    admin_key: Option<&str>,
+) {
     let url = format!("{}/admin/backends", gateway.url);
+    let ask = || async {
+        let mut request = client.get(&url);
+        if let Some(key) = admin_key {
+            request = request.bearer_auth(key);
+        }
+        let response = request.send().await.expect("request");
+        response.json::<Value>().await.unwrap_or(Value::Null)
+    };
     let ok = eventually(Duration::from_secs(30), || async {
-        let (_, body) = get(client, &url).await;
-        body["backends"]
+        ask().await["backends"]
             .as_array()
             .is_some_and(|bs| bs.iter().filter(|b| b["healthy"] == true).count() == backends)
     })
     .await;
-    assert!(ok, "backends not admitted: {}", get(client, &url).await.1);
+    assert!(ok, "backends not admitted: {}", ask().await);
 }
 
 /// A client with a bound on every request.

@@ -402,6 +402,10 @@ async fn supervised_engines_start_serve_and_restart() {
     // Kill the engine behind the gateway's back: it is restarted and serves again.
     let (_, admin) = get(&client, &format!("{}/admin/backends", gw.url)).await;
     let old_url = admin["backends"][0]["url"].as_str().unwrap().to_owned();
+    // The engine was given an admin key that only the gateway knows.
+    let load = format!("{old_url}/v1/models/load");
+    let (status, _) = post(&client, &load, &json!({"model": model_path()})).await;
+    assert_eq!(status, 401, "a supervised engine loads models only for its gateway");
     let killed = std::process::Command::new("pkill")
         .args(["-KILL", "-P", &gw.pid().to_string()])
         .status()

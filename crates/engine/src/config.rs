@@ -119,6 +119,30 @@ pub struct ServerSettings {
     /// the answer can still be a plain 503 that a gateway retries elsewhere.
     #[arg(long, default_value_t = 10_000)]
     pub sse_keepalive_ms: u64,
+    /// The environment variable holding the admin key. When set, loading and
+    /// unloading models and the detail of `/slots` (what each slot holds) need
+    /// it, as `Authorization: Bearer KEY`. A gateway gives the engines it
+    /// starts a key of its own.
+    #[arg(long)]
+    pub admin_key_env: Option<String>,
+    /// When set, models may be loaded at run time only from files under this
+    /// directory.
+    #[arg(long)]
+    pub models_dir: Option<PathBuf>,
+}
+
+impl ServerSettings {
+    /// The admin key's SHA-256, when one is configured; an unset variable is an error.
+    pub fn admin_key(&self) -> Result<Option<[u8; 32]>, EngineError> {
+        let Some(var) = &self.admin_key_env else { return Ok(None) };
+        match std::env::var(var) {
+            Ok(key) if !key.is_empty() => Ok(Some(slotgate_http::keys::digest(key.as_bytes()))),
+            _ => Err(EngineError::Setting {
+                field: "admin_key_env".into(),
+                reason: format!("the variable `{var}` is not set"),
+            }),
+        }
+    }
 }
 
 impl Default for ServerSettings {
@@ -373,6 +397,7 @@ impl EngineConfig {
                 reason: "must not be empty".into(),
             });
         }
+        self.server.admin_key()?;
         if self.server.max_body_bytes < 1024 {
             return Err(EngineError::Setting {
                 field: "max_body_bytes".into(),

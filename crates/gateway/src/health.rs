@@ -57,7 +57,12 @@ async fn check(pool: &Pool, client: &reqwest::Client, routing: &Routing, backend
         }
     }
     let in_flight = backend.in_flight();
-    if let Ok(r) = client.get(format!("{url}/slots")).timeout(timeout).send().await {
+    let mut slots = client.get(format!("{url}/slots")).timeout(timeout);
+    if let Some(key) = &backend.api_key {
+        // The engine's own key: what each slot holds is shown only with it.
+        slots = slots.header(axum::http::header::AUTHORIZATION, key.clone());
+    }
+    if let Ok(r) = slots.send().await {
         if let Ok(slots) = r.json::<Vec<SlotStatus>>().await {
             let counts = SlotCounts::of(&slots, None);
             backend.reconcile(counts.total, counts.busy, in_flight);

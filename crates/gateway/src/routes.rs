@@ -236,8 +236,11 @@ async fn props(
         })?;
     let client = CLIENT.get_or_init(reqwest::Client::new);
     let url = format!("{}/props", backend.url());
-    let answer = client
-        .get(url)
+    let mut ask = client.get(url);
+    if let Some(key) = &backend.api_key {
+        ask = ask.header(header::AUTHORIZATION, key.clone());
+    }
+    let answer = ask
         .query(&[("model", &model)])
         .timeout(std::time::Duration::from_secs(10))
         .send()

@@ -84,6 +84,8 @@ impl Gateway {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<Self, GatewayError> {
         let addr = listener.local_addr()?;
+        // The recorder first: metrics set while starting (Redis reached) count.
+        let metrics = crate::metrics::handle();
         let stop = CancellationToken::new();
         let tasks = TaskTracker::new();
         let mut backends: Vec<Arc<Backend>> =
@@ -101,10 +103,14 @@ impl Gateway {
                 weight: 1,
                 api_key_env: None,
             };
-            let backend = Arc::new(Backend::new(backends.len(), &seed));
+            let admin_key = crate::supervisor::new_admin_key();
+            let mut backend = Backend::new(backends.len(), &seed);
+            backend.api_key =
+                axum::http::HeaderValue::from_str(&format!("Bearer {admin_key}")).ok();
+            let backend = Arc::new(backend);
             backend.set_models(vec![id]);
             backends.push(backend.clone());
-            engines.push((spec.clone(), backend));
+            engines.push((spec.clone(), admin_key, backend));
         }
         let routing = config.routing.clone();
         let client = reqwest::Client::builder()
@@ -124,8 +130,8 @@ impl Gateway {
         }
         let reload = Reload::new(source, config.clone(), live.clone(), book.clone(), pool.clone());
         tasks.spawn(reload_on_hangup(reload.clone(), stop.clone()));
-        for (spec, backend) in engines {
-            tasks.spawn(crate::supervisor::supervise(spec, backend, stop.clone()));
+        for (spec, admin_key, backend) in engines {
+            tasks.spawn(crate::supervisor::supervise(spec, admin_key, backend, stop.clone()));
         }
         tasks.spawn(crate::health::run(
             pool.clone(),
@@ -147,7 +153,7 @@ impl Gateway {
                 pool,
                 routing,
                 retry: Arc::new(RetryPolicy::new(&config.routing)),
-                metrics: crate::metrics::handle(),
+                metrics,
                 max_body_bytes: config.max_body_bytes,
                 live,
                 book,

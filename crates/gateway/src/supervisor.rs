@@ -1,5 +1,6 @@
 //! Local `slotgate-engine` processes: started from `[[engines]]`, one backend each,
-//! restarted with backoff when they exit, and stopped with the gateway.
+//! restarted with backoff when they exit, and stopped with the gateway. Each gets
+//! an admin key of its own, made at start and known only to this gateway.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -24,8 +25,19 @@ fn engine_binary(spec: &EngineSpec) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("slotgate-engine"))
 }
 
-async fn spawn(spec: &EngineSpec) -> std::io::Result<(Child, String)> {
+/// The variable through which an engine gets its admin key. Not under
+/// `SLOTGATE_ENGINE_`: the engine reads those as its settings.
+const ADMIN_KEY_ENV: &str = "SLOTGATE_SUPERVISOR_ADMIN_KEY";
+
+/// A new random admin key for an engine.
+pub fn new_admin_key() -> String {
+    rand::random::<[u8; 24]>().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+async fn spawn(spec: &EngineSpec, admin_key: &str) -> std::io::Result<(Child, String)> {
     let mut cmd = Command::new(engine_binary(spec));
+    // Through the environment, not a flag: flags are visible to every user in `ps`.
+    cmd.env(ADMIN_KEY_ENV, admin_key).args(["--admin-key-env", ADMIN_KEY_ENV]);
     cmd.arg("--model")
         .arg(&spec.model)
         .args(["--host", "127.0.0.1", "--port", "0"])
@@ -64,12 +76,17 @@ async fn spawn(spec: &EngineSpec) -> std::io::Result<(Child, String)> {
 }
 
 /// Runs one engine until `stop` is cancelled, restarting it when it exits.
-pub async fn supervise(spec: EngineSpec, backend: Arc<Backend>, stop: CancellationToken) {
+pub async fn supervise(
+    spec: EngineSpec,
+    admin_key: String,
+    backend: Arc<Backend>,
+    stop: CancellationToken,
+) {
     let mut backoff = Duration::from_millis(500);
     loop {
         let started = tokio::select! {
             () = stop.cancelled() => return,
-            r = spawn(&spec) => r,
+            r = spawn(&spec, &admin_key) => r,
         };
         match started {
             Ok((mut child, url)) => {

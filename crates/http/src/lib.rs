@@ -1,5 +1,7 @@
 //! HTTP pieces the engine and the gateway share: the one place an [`ApiError`]
-//! becomes a response, the shutdown signal, and the Prometheus recorder.
+//! becomes a response, the shutdown signal, the Prometheus recorder, and API keys.
+
+pub mod keys;
 
 use std::sync::OnceLock;
 

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
@@ -98,8 +98,27 @@ pub struct SlotsQuery {
     fail_on_no_slot: Option<String>,
 }
 
-/// `GET /slots`: every slot, as llama.cpp's server lists them, each naming its model.
-pub async fn slots(State(state): State<AppState>, Query(q): Query<SlotsQuery>) -> Response {
+/// Refuses a caller without the admin key, when one is configured.
+fn admin_only(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    match &state.admin_key {
+        Some(key) if !slotgate_http::keys::carries(headers, key) => Err(ApiError::new(
+            ErrorType::AuthenticationError,
+            "this endpoint needs the engine's admin key (admin_key_env), as `Authorization: Bearer KEY`",
+        )
+        .with_code("invalid_api_key")),
+        _ => Ok(()),
+    }
+}
+
+/// `GET /slots`: every slot, as llama.cpp's server lists them, each naming its
+/// model. What a slot holds (`n_cached`) is shown only to the admin key's
+/// holder when the engine has one; whether it is busy is shown to all.
+pub async fn slots(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<SlotsQuery>,
+) -> Response {
+    let detail = admin_only(&state, &headers).is_ok();
     let snapshot = state.scheduler.snapshot();
     if let Some(model) = &q.model {
         if !snapshot.models.iter().any(|m| &m.id == model) {
@@ -111,6 +130,7 @@ pub async fn slots(State(state): State<AppState>, Query(q): Query<SlotsQuery>) -
         .iter()
         .filter(|m| q.model.as_ref().is_none_or(|want| &m.id == want))
         .flat_map(|m| m.slots.iter().cloned())
+        .map(|s| if detail { s } else { SlotStatus { n_cached: None, ..s } })
         .collect();
     let fail = q.fail_on_no_slot.as_deref().is_some_and(|v| v == "1" || v == "true");
     if fail && slots.iter().all(|s| s.is_processing) {
@@ -140,8 +160,12 @@ const ALIASES: &[(&str, &str)] = &[
 /// settings of a model, with the engine's own settings as defaults.
 pub async fn load(
     State(state): State<AppState>,
+    headers: HeaderMap,
     JsonBody(body): JsonBody<BTreeMap<String, Value>>,
 ) -> Response {
+    if let Err(err) = admin_only(&state, &headers) {
+        return api_response(err);
+    }
     let mut fields = serde_json::Map::new();
     for (key, value) in body {
         let key = ALIASES
@@ -163,11 +187,36 @@ pub async fn load(
     if let Err(err) = settings.validate() {
         return api_response(err.to_api());
     }
+    if let Err(err) = inside_models_dir(&state, &settings) {
+        return api_response(err);
+    }
     match state.scheduler.load(settings).await {
         Ok(id) => {
             Json(json!({"message": "Model loaded successfully", "model": id})).into_response()
         }
         Err(err) => err.into_response(),
+    }
+}
+
+/// Refuses a model file outside `models_dir`, when one is set; links and `..`
+/// are resolved first.
+fn inside_models_dir(state: &AppState, settings: &ModelSettings) -> Result<(), ApiError> {
+    let Some(dir) = &state.config.server.models_dir else { return Ok(()) };
+    let refused = || {
+        ApiError::new(
+            ErrorType::PermissionError,
+            "models may only be loaded from the engine's models_dir",
+        )
+        .with_param("model")
+    };
+    let path = settings.model.as_ref().ok_or_else(refused)?;
+    let (Ok(path), Ok(dir)) = (path.canonicalize(), dir.canonicalize()) else {
+        return Err(refused());
+    };
+    if path.starts_with(&dir) {
+        Ok(())
+    } else {
+        Err(refused())
     }
 }
 
@@ -186,7 +235,14 @@ pub struct UnloadBody {
 
 /// `POST /v1/models/unload` (and Nitro's `unloadmodel`): `{"model": ID}`; with no
 /// id, the only loaded model.
-pub async fn unload(State(state): State<AppState>, body: axum::body::Bytes) -> Response {
+pub async fn unload(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    if let Err(err) = admin_only(&state, &headers) {
+        return api_response(err);
+    }
     let body: UnloadBody = if body.iter().all(u8::is_ascii_whitespace) {
         UnloadBody::default()
     } else {

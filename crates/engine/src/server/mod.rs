@@ -35,6 +35,8 @@ pub struct AppState {
     pub config: Arc<EngineConfig>,
     /// Renders `/metrics`.
     pub metrics: PrometheusHandle,
+    /// The admin key's SHA-256: loading, unloading and `/slots` detail need it.
+    pub admin_key: Option<[u8; 32]>,
 }
 
 /// The engine's routes.
@@ -110,6 +112,7 @@ pub async fn serve(
     let drain = Duration::from_millis(config.server.drain_timeout_ms);
     let state = AppState {
         scheduler: scheduler.clone(),
+        admin_key: config.server.admin_key()?,
         config: Arc::new(config),
         metrics: crate::metrics::handle(),
     };

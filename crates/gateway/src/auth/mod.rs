@@ -11,23 +11,14 @@ pub mod shared;
 
 use std::sync::Arc;
 
-use axum::http::{header, HeaderMap};
-use sha2::{Digest, Sha256};
+use axum::http::HeaderMap;
 use slotgate_protocol::{ApiError, ErrorType};
 
 use config::{AuthConfig, KeyConfig, Priority};
 use limits::{Limits, Usage, UsageBook};
 
-/// The SHA-256 of a secret.
-pub fn digest(secret: &[u8]) -> [u8; 32] {
-    Sha256::digest(secret).into()
-}
-
-/// Whether two digests are equal, in a time that does not depend on where they
-/// differ.
-fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
+pub use slotgate_http::keys::digest;
+use slotgate_http::keys::{presented, same};
 
 /// One client key as the gateway uses it.
 #[derive(Debug)]
@@ -144,20 +135,6 @@ impl Auth {
         }
         Err(unauthorized("the API key is not valid"))
     }
-}
-
-/// The key a client sent: `Authorization: Bearer KEY` (the OpenAI SDKs), or
-/// `x-api-key`.
-fn presented(headers: &HeaderMap) -> Option<&[u8]> {
-    if let Some(value) = headers.get(header::AUTHORIZATION) {
-        let bytes = value.as_bytes();
-        let scheme = bytes.get(..7)?;
-        if scheme.eq_ignore_ascii_case(b"bearer ") {
-            let key = bytes[7..].trim_ascii();
-            return (!key.is_empty()).then_some(key);
-        }
-    }
-    headers.get("x-api-key").map(|v| v.as_bytes().trim_ascii()).filter(|k| !k.is_empty())
 }
 
 fn unauthorized(message: &str) -> ApiError {

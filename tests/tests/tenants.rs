@@ -1,0 +1,444 @@
+//! Sharing a gateway between teams, on the real default model: API keys and
+//! their limits through OpenAI's SDK, fair queueing between keys, deadlines, the
+//! admin API (reload, drain), the engine's admin key, and limits shared by two
+//! replicas through a real Redis.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use slotgate_tests::*;
+
+const ADMIN: &str = "sk-admin-test";
+
+/// The SHA-256 of `sk-team-b`, as an operator writes it in `key_sha256`.
+const TEAM_B_SHA256: &str = "292d075b18c9240a48b848c521422c5f418f7dd16b5c66755fe58d0fb6a43e1f";
+
+fn completion(prompt: &str, max_tokens: u32) -> Value {
+    json!({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+}
+
+/// Posts with a bearer key (and more headers); returns status, headers and body.
+async fn post_as(
+    client: &reqwest::Client,
+    url: &str,
+    key: Option<&str>,
+    headers: &[(&str, &str)],
+    body: &Value,
+) -> (u16, reqwest::header::HeaderMap, Value) {
+    let mut request = client.post(url).json(body);
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.send().await.expect("request");
+    let status = response.status().as_u16();
+    let head = response.headers().clone();
+    (status, head, response.json().await.unwrap_or(Value::Null))
+}
+
+async fn get_as(client: &reqwest::Client, url: &str, key: &str) -> Value {
+    client.get(url).bearer_auth(key).send().await.expect("request").json().await.expect("json")
+}
+
+/// Waits until the current minute has at least `needed` seconds left, so that
+/// a test of per-minute limits runs inside one window.
+async fn inside_one_minute(needed: u64) {
+    let second =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() % 60;
+    if 60 - second < needed {
+        tokio::time::sleep(Duration::from_secs(61 - second)).await;
+    }
+}
+
+/// The SDK's errors for each refusal, Retry-After honoured, tokens counted from
+/// streams, the admin API closed to client keys, CORS (see tenants.py).
+#[tokio::test]
+async fn keys_and_limits_through_the_openai_sdk() {
+    let engine = engine(&["--n-parallel", "2", "--ctx-len", "512"]);
+    let config = TempFile::new(
+        "gateway.toml",
+        &format!(
+            r#"listen = "127.0.0.1:0"
+[auth]
+admin_key_env = "SLOTGATE_TEST_ADMIN_KEY"
+[[backends]]
+url = "{url}"
+[[keys]]
+name = "team-a"
+key = "sk-team-a"
+max_concurrent = 1
+[[keys]]
+name = "team-b"
+key_sha256 = "{TEAM_B_SHA256}"
+models = ["another-model"]
+[[keys]]
+name = "team-c"
+key_env = "SLOTGATE_TEST_TEAM_C_KEY"
+tokens_per_minute = 60
+priority = "batch"
+[cors]
+allowed_origins = ["http://127.0.0.1:3000"]
+"#,
+            url = engine.url
+        ),
+    );
+    let env = [("SLOTGATE_TEST_ADMIN_KEY", ADMIN), ("SLOTGATE_TEST_TEAM_C_KEY", "sk-team-c")];
+    let gateway = gateway_with_config(&config.path, &env);
+    ready_as(&client(), &gateway, 1, Some(ADMIN)).await;
+    let url = gateway.url.clone();
+    let out =
+        tokio::task::spawn_blocking(move || python_client("tenants.py", &[&url, MODEL, ADMIN]))
+            .await
+            .unwrap();
+    assert!(out.contains("tenants: ok"), "{out}");
+    drop(gateway);
+    drop(engine);
+}
+
+/// One slot, one key with six requests queued, then another key's one: the
+/// other key's request is served at the next release, not after the six.
+#[tokio::test]
+async fn a_flooding_key_does_not_delay_another() {
+    let engine = engine(&["--n-parallel", "1", "--ctx-len", "512"]);
+    let config = TempFile::new(
+        "gateway.toml",
+        &format!(
+            "listen = \"127.0.0.1:0\"\n[auth]\nadmin_key_env = \"SLOTGATE_TEST_ADMIN_KEY\"\n\
+             [[backends]]\nurl = \"{}\"\n\
+             [[keys]]\nname = \"flood\"\nkey = \"sk-flood\"\n\
+             [[keys]]\nname = \"other\"\nkey = \"sk-other\"\n",
+            engine.url
+        ),
+    );
+    let gateway = gateway_with_config(&config.path, &[("SLOTGATE_TEST_ADMIN_KEY", ADMIN)]);
+    let client = client();
+    ready_as(&client, &gateway, 1, Some(ADMIN)).await;
+    let url = format!("{}/v1/completions", gateway.url);
+    let finished = Arc::new(Mutex::new(Vec::new()));
+    let send = |key: &'static str, i: usize| {
+        let (client, url, finished) = (client.clone(), url.clone(), finished.clone());
+        tokio::spawn(async move {
+            let body = completion(&format!("Story number {i}: once upon a time"), 24);
+            let (status, _, answer) = post_as(&client, &url, Some(key), &[], &body).await;
+            assert_eq!(status, 200, "{answer}");
+            finished.lock().unwrap().push(key);
+        })
+    };
+    let mut tasks: Vec<_> = (0..6).map(|i| send("sk-flood", i)).collect();
+    let backends = format!("{}/admin/backends", gateway.url);
+    let queued = eventually(Duration::from_secs(30), || async {
+        get_as(&client, &backends, ADMIN).await["backends"][0]["queue"][MODEL] == 5
+    })
+    .await;
+    assert!(queued, "five of the flood never queued");
+    tasks.push(send("sk-other", 6));
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let order = finished.lock().unwrap().clone();
+    let at = order.iter().position(|k| *k == "sk-other").unwrap();
+    assert_eq!(at, 1, "the other key waited behind the flood: {order:?}");
+}
+
+/// A request whose deadline the expected wait exceeds is refused at once; one
+/// whose deadline passes in the queue is refused then, not when a slot frees.
+#[tokio::test]
+async fn a_request_that_cannot_meet_its_deadline_is_refused() {
+    let engine = engine(&["--n-parallel", "1", "--ctx-len", "512"]);
+    let gateway = gateway(&[&engine.url], &[]);
+    let client = client();
+    ready(&client, &gateway, 1).await;
+    let url = format!("{}/v1/completions", gateway.url);
+    // One request ends: the gateway now knows how long a slot is held.
+    let (status, _, _) = post_as(&client, &url, None, &[], &completion("Hello", 8)).await;
+    assert_eq!(status, 200);
+    let long = {
+        let (client, url) = (client.clone(), url.clone());
+        tokio::spawn(async move {
+            let mut body = completion("Once upon a time", 160);
+            body["stream"] = json!(true);
+            stream(&client, &url, &body).await
+        })
+    };
+    wait_slot_busy(&client, &engine.url).await;
+    let started = Instant::now();
+    let deadline = [("x-slotgate-deadline-ms", "1")];
+    let (status, head, body) = post_as(&client, &url, None, &deadline, &completion("Hi", 2)).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "deadline_exceeded", "{body}");
+    assert!(head.contains_key("retry-after"));
+    assert!(started.elapsed() < Duration::from_millis(500), "refused at once");
+
+    let started = Instant::now();
+    let deadline = [("x-slotgate-deadline-ms", "600")];
+    let (status, _, body) = post_as(&client, &url, None, &deadline, &completion("Hi", 2)).await;
+    let waited = started.elapsed();
+    assert_eq!(status, 503, "{body}");
+    assert!(!long.is_finished(), "refused before the slot freed");
+    assert!(waited < Duration::from_millis(1500), "refused at its deadline, after {waited:?}");
+    let bad = [("x-slotgate-deadline-ms", "soon")];
+    let (status, _, body) = post_as(&client, &url, None, &bad, &completion("Hi", 2)).await;
+    assert_eq!((status, body["error"]["param"].as_str()), (400, Some("x-slotgate-deadline-ms")));
+    let (status, streamed) = long.await.unwrap();
+    assert_eq!(status, 200);
+    assert!(streamed.done);
+}
+
+/// SIGHUP while a stream runs: the new backend is admitted and the key's new
+/// limit applies, the stream ends whole; a bad configuration is refused by
+/// `POST /admin/reload` with the reason, and the old one stays.
+#[tokio::test]
+async fn a_reload_adds_a_backend_and_changes_a_limit_while_a_stream_runs() {
+    let one = engine(&["--n-parallel", "1", "--ctx-len", "512", "--threads", "1"]);
+    let two = engine(&["--n-parallel", "1", "--ctx-len", "512", "--threads", "1"]);
+    let write = |backends: &[&str], rpm: u32| {
+        let mut text =
+            "listen = \"127.0.0.1:0\"\n[auth]\nadmin_key_env = \"SLOTGATE_TEST_ADMIN_KEY\"\n"
+                .to_owned();
+        for b in backends {
+            text.push_str(&format!("[[backends]]\nurl = \"{b}\"\n"));
+        }
+        text + &format!(
+            "[[keys]]\nname = \"team-a\"\nkey = \"sk-team-a\"\nrequests_per_minute = {rpm}\n"
+        )
+    };
+    inside_one_minute(40).await;
+    let config = TempFile::new("gateway.toml", &write(&[&one.url], 1000));
+    let gateway = gateway_with_config(&config.path, &[("SLOTGATE_TEST_ADMIN_KEY", ADMIN)]);
+    let client = client();
+    ready_as(&client, &gateway, 1, Some(ADMIN)).await;
+    let url = format!("{}/v1/completions", gateway.url);
+    let running = {
+        let (client, url) = (client.clone(), url.clone());
+        tokio::spawn(async move {
+            let mut body = completion("Once upon a time", 120);
+            body["stream"] = json!(true);
+            let response =
+                client.post(&url).bearer_auth("sk-team-a").json(&body).send().await.unwrap();
+            assert_eq!(response.status(), 200);
+            response.text().await.unwrap()
+        })
+    };
+    wait_slot_busy(&client, &one.url).await;
+    config.write(&write(&[&one.url, &two.url], 2));
+    let hup = std::process::Command::new("kill")
+        .args(["-HUP", &gateway.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    ready_as(&client, &gateway, 2, Some(ADMIN)).await;
+    let keys = get_as(&client, &format!("{}/admin/keys", gateway.url), ADMIN).await;
+    assert_eq!(keys["keys"][0]["limits"]["requests_per_minute"], 2, "{keys}");
+    assert!(!running.is_finished(), "the reload came while the stream ran");
+    let text = running.await.unwrap();
+    assert!(text.trim_end().ends_with("data: [DONE]"), "the stream ended whole: {text}");
+    // One request of the minute is spent (the stream): one more, then refusals.
+    let mut statuses = Vec::new();
+    for _ in 0..2 {
+        let answer = post_as(&client, &url, Some("sk-team-a"), &[], &completion("Hi", 1)).await;
+        statuses.push(answer.0);
+    }
+    assert_eq!(statuses, vec![200, 429]);
+
+    config.write(&(write(&[&one.url], 2) + "tokens_per_minute = 0\n"));
+    let reload = format!("{}/admin/reload", gateway.url);
+    let (status, _, body) = post_as(&client, &reload, Some(ADMIN), &[], &json!({})).await;
+    assert_eq!(status, 400, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("keys[0].tokens_per_minute"), "{message}");
+    let (status, _, _) = post_as(&client, &reload, Some("sk-team-a"), &[], &json!({})).await;
+    assert_eq!(status, 403, "a client key never opens the admin API");
+    let backends = get_as(&client, &format!("{}/admin/backends", gateway.url), ADMIN).await;
+    assert_eq!(backends["backends"].as_array().unwrap().len(), 2, "the old configuration stays");
+}
+
+/// A drained backend takes no new request and finishes its stream; then it is
+/// removed, and added again through the admin API.
+#[tokio::test]
+async fn a_drained_backend_finishes_its_stream_and_takes_no_more() {
+    let one = engine(&["--n-parallel", "1", "--ctx-len", "512", "--threads", "1"]);
+    let two = engine(&["--n-parallel", "1", "--ctx-len", "512", "--threads", "1"]);
+    let gateway = gateway(&[&one.url, &two.url], &[]);
+    let client = client();
+    ready(&client, &gateway, 2).await;
+    let url = format!("{}/v1/completions", gateway.url);
+    let running = {
+        let (client, url) = (client.clone(), url.clone());
+        tokio::spawn(async move {
+            let mut body = completion("Once upon a time", 120);
+            body["stream"] = json!(true);
+            stream(&client, &url, &body).await
+        })
+    };
+    let admin = format!("{}/admin/backends", gateway.url);
+    let busy = eventually(Duration::from_secs(30), || async {
+        get(&client, &admin).await.1["backends"]
+            .as_array()
+            .is_some_and(|bs| bs.iter().any(|b| b["in_flight"] == 1))
+    })
+    .await;
+    assert!(busy);
+    let list = get(&client, &admin).await.1;
+    let held = list["backends"].as_array().unwrap().iter().find(|b| b["in_flight"] == 1).unwrap();
+    let (id, held_url) = (held["id"].as_u64().unwrap(), held["url"].as_str().unwrap().to_owned());
+    let (status, drained) = post(&client, &format!("{admin}/{id}/drain"), &json!({})).await;
+    assert_eq!((status, &drained["draining"]), (200, &json!(true)), "{drained}");
+    for _ in 0..3 {
+        let (status, answer) = post(&client, &url, &completion("Hi", 2)).await;
+        assert_eq!(status, 200, "the other backend serves: {answer}");
+    }
+    let list = get(&client, &admin).await.1;
+    let held = list["backends"].as_array().unwrap().iter().find(|b| b["id"] == id).unwrap().clone();
+    assert_eq!(held["in_flight"], 1, "only the stream, no new request: {held}");
+    let (status, streamed) = running.await.unwrap();
+    assert!(status == 200 && streamed.done, "the drained backend's stream ended whole");
+    let removed = client.delete(format!("{admin}/{id}")).send().await.unwrap();
+    assert_eq!(removed.status(), 200);
+    assert_eq!(get(&client, &admin).await.1["backends"].as_array().unwrap().len(), 1);
+    let (status, added) = post(&client, &admin, &json!({"url": held_url})).await;
+    assert_eq!(status, 201, "{added}");
+    assert_ne!(added["id"].as_u64(), Some(id), "a new id, never a reused one");
+    ready(&client, &gateway, 2).await;
+    let (status, _) = post(&client, &admin, &json!({"url": "ftp://nowhere"})).await;
+    assert_eq!(status, 400);
+}
+
+/// With an admin key, an engine loads and unloads only for its holder, only
+/// from its models directory, and shows what its slots hold only to it.
+#[tokio::test]
+async fn the_engines_admin_key_guards_loading_and_slot_detail() {
+    let model = model_path();
+    let dir = model.parent().unwrap().to_str().unwrap().to_owned();
+    let elsewhere = std::env::temp_dir().join(format!("slotgate-models-{}", std::process::id()));
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let engine = Process::start_with_env(
+        &binary("slotgate-engine"),
+        &[
+            "--model",
+            model.to_str().unwrap(),
+            "--port",
+            "0",
+            "--threads",
+            "2",
+            "--n-parallel",
+            "1",
+            "--ctx-len",
+            "512",
+            "--admin-key-env",
+            "SLOTGATE_TEST_ENGINE_KEY",
+            "--models-dir",
+            elsewhere.to_str().unwrap(),
+        ],
+        &[("SLOTGATE_TEST_ENGINE_KEY", "sk-engine")],
+    );
+    let client = client();
+    let (status, _) =
+        post(&client, &format!("{}/v1/completions", engine.url), &completion("Hi", 2)).await;
+    assert_eq!(status, 200, "inference needs no key");
+    let load = format!("{}/v1/models/load", engine.url);
+    let body = json!({"model": model, "model_id": "second"});
+    let (status, _, answer) = post_as(&client, &load, None, &[], &body).await;
+    assert_eq!((status, answer["error"]["code"].as_str()), (401, Some("invalid_api_key")));
+    let (status, _, _) = post_as(&client, &load, Some("sk-wrong"), &[], &body).await;
+    assert_eq!(status, 401);
+    let (status, _, answer) = post_as(&client, &load, Some("sk-engine"), &[], &body).await;
+    assert_eq!(status, 403, "{} is outside the models directory: {answer}", dir);
+    assert_eq!(answer["error"]["param"], "model");
+    let unload = format!("{}/v1/models/unload", engine.url);
+    let (status, _, _) = post_as(&client, &unload, None, &[], &json!({"model": MODEL})).await;
+    assert_eq!(status, 401);
+    let slots = format!("{}/slots", engine.url);
+    let open = get(&client, &slots).await.1;
+    assert!(open[0].get("n_cached").is_none(), "{open}");
+    assert_eq!(open[0]["is_processing"], false, "busy or not is shown to all");
+    let detail = get_as(&client, &slots, "sk-engine").await;
+    assert!(detail[0]["n_cached"].as_u64().is_some_and(|n| n > 0), "{detail}");
+    let _ = std::fs::remove_dir(&elsewhere);
+}
+
+/// A `redis-server` started by the test, stopped when dropped.
+struct Redis {
+    child: std::process::Child,
+    url: String,
+}
+
+impl Redis {
+    fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+            .args(["--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server is installed by scripts/install-deps");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Self { child, url: format!("redis://127.0.0.1:{port}") }
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Two replicas on one Redis enforce one limit between them; without Redis
+/// each goes on serving on its own counters, and says so in a metric.
+#[tokio::test]
+async fn two_replicas_on_one_redis_enforce_one_limit() {
+    let mut redis = Redis::start();
+    let engine = engine(&["--n-parallel", "2", "--ctx-len", "512"]);
+    let config = TempFile::new(
+        "gateway.toml",
+        &format!(
+            "listen = \"127.0.0.1:0\"\n[auth]\nredis_url = \"{}\"\n[[backends]]\nurl = \"{}\"\n\
+             [[keys]]\nname = \"team-a\"\nkey = \"sk-team-a\"\nrequests_per_minute = 4\n",
+            redis.url, engine.url
+        ),
+    );
+    let replicas = [gateway_with_config(&config.path, &[]), gateway_with_config(&config.path, &[])];
+    let client = client();
+    let metrics = |g: &Process| format!("{}/metrics", g.url);
+    for g in &replicas {
+        let up = eventually(Duration::from_secs(30), || async {
+            let text = client.get(metrics(g)).send().await.unwrap().text().await.unwrap();
+            metric_sum(&text, "slotgate_limits_redis_up") == 1.0
+        })
+        .await;
+        assert!(up, "the replica reached Redis");
+        let models = client.get(format!("{}/v1/models", g.url)).bearer_auth("sk-team-a");
+        let healthy = eventually(Duration::from_secs(30), || async {
+            let list: Value =
+                models.try_clone().unwrap().send().await.unwrap().json().await.unwrap();
+            list["data"].as_array().is_some_and(|d| !d.is_empty())
+        })
+        .await;
+        assert!(healthy);
+    }
+    inside_one_minute(20).await;
+    let mut statuses = Vec::new();
+    for i in 0..6 {
+        let url = format!("{}/v1/completions", replicas[i % 2].url);
+        statuses.push(post_as(&client, &url, Some("sk-team-a"), &[], &completion("Hi", 1)).await.0);
+    }
+    let served = statuses.iter().filter(|s| **s == 200).count();
+    assert_eq!(served, 4, "one limit of 4 between the two replicas: {statuses:?}");
+    assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 2, "{statuses:?}");
+
+    let _ = redis.child.kill();
+    let _ = redis.child.wait();
+    let url = format!("{}/v1/completions", replicas[0].url);
+    let (status, _, body) =
+        post_as(&client, &url, Some("sk-team-a"), &[], &completion("Hi", 1)).await;
+    assert_eq!(status, 200, "served on local limits without Redis: {body}");
+    let text = client.get(metrics(&replicas[0])).send().await.unwrap().text().await.unwrap();
+    assert_eq!(metric_sum(&text, "slotgate_limits_redis_up"), 0.0);
+}
