@@ -119,7 +119,11 @@ c = keys["team-c"]["usage"]
 assert c["completion_tokens"] >= 32 and c["this_minute"]["tokens"] >= 60 - 1 and used > 0, c
 assert c["refusals"]["tokens_per_minute"] >= 1, c
 assert keys["team-a"]["usage"]["refusals"]["max_concurrent"] >= 1, keys["team-a"]
-assert httpx.get(base + "/metrics").status_code == 200, "metrics stay open"
+metrics = httpx.get(base + "/metrics")
+assert metrics.status_code == 200, "metrics stay open"
+assert 'slotgate_key_requests_total{key="team-a"}' in metrics.text, "usage per key name"
+assert 'slotgate_key_refusals_total{key="team-c",reason="tokens_per_minute"}' in metrics.text
+assert "sk-team" not in metrics.text, "a secret in a label"
 assert httpx.get(base + "/health").status_code == 200, "health stays open"
 
 # CORS: the allowed origin gets its preflight answered; another gets nothing.

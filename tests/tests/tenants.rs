@@ -14,6 +14,45 @@ const ADMIN: &str = "sk-admin-test";
 /// The SHA-256 of `sk-team-b`, as an operator writes it in `key_sha256`.
 const TEAM_B_SHA256: &str = "292d075b18c9240a48b848c521422c5f418f7dd16b5c66755fe58d0fb6a43e1f";
 
+/// The start of a gateway's settings: a free port, the admin key from
+/// `SLOTGATE_TEST_ADMIN_KEY`, and `backends`; keys and the rest follow.
+fn settings(backends: &[&str]) -> String {
+    let mut text =
+        "listen = \"127.0.0.1:0\"\n[auth]\nadmin_key_env = \"SLOTGATE_TEST_ADMIN_KEY\"\n"
+            .to_owned();
+    for b in backends {
+        text.push_str(&format!("[[backends]]\nurl = \"{b}\"\n"));
+    }
+    text
+}
+
+/// A gateway started from `settings` (the test's admin key, and `env`, in its
+/// environment), once `backends` backends are healthy.
+async fn keyed_gateway(
+    settings: &str,
+    backends: usize,
+    env: &[(&str, &str)],
+) -> (TempFile, Process) {
+    let config = TempFile::new("gateway.toml", settings);
+    let mut env = env.to_vec();
+    env.push(("SLOTGATE_TEST_ADMIN_KEY", ADMIN));
+    let gateway = gateway_with_config(&config.path, &env);
+    ready_as(&client(), &gateway, backends, Some(ADMIN)).await;
+    (config, gateway)
+}
+
+/// A streamed story of `max_tokens` tokens, read to its end in a task.
+fn story(
+    client: &reqwest::Client,
+    url: &str,
+    max_tokens: u32,
+) -> tokio::task::JoinHandle<(u16, Streamed)> {
+    let (client, url) = (client.clone(), url.to_owned());
+    let mut body = completion("Once upon a time", max_tokens);
+    body["stream"] = json!(true);
+    tokio::spawn(async move { stream(&client, &url, &body).await })
+}
+
 fn completion(prompt: &str, max_tokens: u32) -> Value {
     json!({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
 }
@@ -58,15 +97,8 @@ async fn inside_one_minute(needed: u64) {
 #[tokio::test]
 async fn keys_and_limits_through_the_openai_sdk() {
     let engine = engine(&["--n-parallel", "2", "--ctx-len", "512"]);
-    let config = TempFile::new(
-        "gateway.toml",
-        &format!(
-            r#"listen = "127.0.0.1:0"
-[auth]
-admin_key_env = "SLOTGATE_TEST_ADMIN_KEY"
-[[backends]]
-url = "{url}"
-[[keys]]
+    let keys = format!(
+        r#"[[keys]]
 name = "team-a"
 key = "sk-team-a"
 max_concurrent = 1
@@ -81,13 +113,10 @@ tokens_per_minute = 60
 priority = "batch"
 [cors]
 allowed_origins = ["http://127.0.0.1:3000"]
-"#,
-            url = engine.url
-        ),
+"#
     );
-    let env = [("SLOTGATE_TEST_ADMIN_KEY", ADMIN), ("SLOTGATE_TEST_TEAM_C_KEY", "sk-team-c")];
-    let gateway = gateway_with_config(&config.path, &env);
-    ready_as(&client(), &gateway, 1, Some(ADMIN)).await;
+    let team_c = [("SLOTGATE_TEST_TEAM_C_KEY", "sk-team-c")];
+    let (_config, gateway) = keyed_gateway(&(settings(&[&engine.url]) + &keys), 1, &team_c).await;
     let url = gateway.url.clone();
     let out =
         tokio::task::spawn_blocking(move || python_client("tenants.py", &[&url, MODEL, ADMIN]))
@@ -103,19 +132,10 @@ allowed_origins = ["http://127.0.0.1:3000"]
 #[tokio::test]
 async fn a_flooding_key_does_not_delay_another() {
     let engine = engine(&["--n-parallel", "1", "--ctx-len", "512"]);
-    let config = TempFile::new(
-        "gateway.toml",
-        &format!(
-            "listen = \"127.0.0.1:0\"\n[auth]\nadmin_key_env = \"SLOTGATE_TEST_ADMIN_KEY\"\n\
-             [[backends]]\nurl = \"{}\"\n\
-             [[keys]]\nname = \"flood\"\nkey = \"sk-flood\"\n\
-             [[keys]]\nname = \"other\"\nkey = \"sk-other\"\n",
-            engine.url
-        ),
-    );
-    let gateway = gateway_with_config(&config.path, &[("SLOTGATE_TEST_ADMIN_KEY", ADMIN)]);
+    let keys = "[[keys]]\nname = \"flood\"\nkey = \"sk-flood\"\n\
+                [[keys]]\nname = \"other\"\nkey = \"sk-other\"\n";
+    let (_config, gateway) = keyed_gateway(&(settings(&[&engine.url]) + keys), 1, &[]).await;
     let client = client();
-    ready_as(&client, &gateway, 1, Some(ADMIN)).await;
     let url = format!("{}/v1/completions", gateway.url);
     let finished = Arc::new(Mutex::new(Vec::new()));
     let send = |key: &'static str, i: usize| {
@@ -155,14 +175,7 @@ async fn a_request_that_cannot_meet_its_deadline_is_refused() {
     // One request ends: the gateway now knows how long a slot is held.
     let (status, _, _) = post_as(&client, &url, None, &[], &completion("Hello", 8)).await;
     assert_eq!(status, 200);
-    let long = {
-        let (client, url) = (client.clone(), url.clone());
-        tokio::spawn(async move {
-            let mut body = completion("Once upon a time", 160);
-            body["stream"] = json!(true);
-            stream(&client, &url, &body).await
-        })
-    };
+    let long = story(&client, &url, 160);
     wait_slot_busy(&client, &engine.url).await;
     let started = Instant::now();
     let deadline = [("x-slotgate-deadline-ms", "1")];
@@ -195,21 +208,12 @@ async fn a_reload_adds_a_backend_and_changes_a_limit_while_a_stream_runs() {
     let one = engine(&["--n-parallel", "1", "--ctx-len", "512", "--threads", "1"]);
     let two = engine(&["--n-parallel", "1", "--ctx-len", "512", "--threads", "1"]);
     let write = |backends: &[&str], rpm: u32| {
-        let mut text =
-            "listen = \"127.0.0.1:0\"\n[auth]\nadmin_key_env = \"SLOTGATE_TEST_ADMIN_KEY\"\n"
-                .to_owned();
-        for b in backends {
-            text.push_str(&format!("[[backends]]\nurl = \"{b}\"\n"));
-        }
-        text + &format!(
-            "[[keys]]\nname = \"team-a\"\nkey = \"sk-team-a\"\nrequests_per_minute = {rpm}\n"
-        )
+        let key = "[[keys]]\nname = \"team-a\"\nkey = \"sk-team-a\"\n";
+        settings(backends) + key + &format!("requests_per_minute = {rpm}\n")
     };
     inside_one_minute(40).await;
-    let config = TempFile::new("gateway.toml", &write(&[&one.url], 1000));
-    let gateway = gateway_with_config(&config.path, &[("SLOTGATE_TEST_ADMIN_KEY", ADMIN)]);
+    let (config, gateway) = keyed_gateway(&write(&[&one.url], 1000), 1, &[]).await;
     let client = client();
-    ready_as(&client, &gateway, 1, Some(ADMIN)).await;
     let url = format!("{}/v1/completions", gateway.url);
     let running = {
         let (client, url) = (client.clone(), url.clone());
@@ -265,14 +269,7 @@ async fn a_drained_backend_finishes_its_stream_and_takes_no_more() {
     let client = client();
     ready(&client, &gateway, 2).await;
     let url = format!("{}/v1/completions", gateway.url);
-    let running = {
-        let (client, url) = (client.clone(), url.clone());
-        tokio::spawn(async move {
-            let mut body = completion("Once upon a time", 120);
-            body["stream"] = json!(true);
-            stream(&client, &url, &body).await
-        })
-    };
+    let running = story(&client, &url, 120);
     let admin = format!("{}/admin/backends", gateway.url);
     let busy = eventually(Duration::from_secs(30), || async {
         get(&client, &admin).await.1["backends"]

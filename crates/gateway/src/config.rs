@@ -383,6 +383,28 @@ mod tests {
             .unwrap_err()
             .to_string();
             assert!(err.contains("listen"), "{err}");
+            let keyed = |name: &str, body: &str| -> Result<String, figment::Error> {
+                jail.create_file(
+                    name,
+                    &format!("[[backends]]\nurl = \"http://127.0.0.1:1\"\n{body}"),
+                )?;
+                let cli = Cli { config: Some(name.into()), ..Cli::default() };
+                Ok(GatewayConfig::load(&cli).unwrap_err().to_string())
+            };
+            let key = "[[keys]]\nname = \"a\"\nkey = \"sk-a\"\n";
+            let err = keyed("k1.toml", &format!("{key}rate = 3\n"))?;
+            assert!(err.contains("rate"), "unknown key field: {err}");
+            let err = keyed("k2.toml", &format!("{key}[[keys]]\nname = \"a\"\nkey = \"sk-b\"\n"))?;
+            assert!(err.contains("keys[1].name"), "duplicate name: {err}");
+            let both = format!("{key}key_sha256 = \"{}\"\n", "0".repeat(64));
+            let err = keyed("k3.toml", &both)?;
+            assert!(err.contains("keys[0]") && err.contains("only one"), "hashed and plain: {err}");
+            let err = keyed("k4.toml", &format!("{key}max_concurrent = 0\n"))?;
+            assert!(err.contains("keys[0].max_concurrent"), "a limit of 0: {err}");
+            let err = keyed("k5.toml", "[auth]\nadmin_key_env = \"SLOTGATE_TEST_UNSET_ADMIN\"\n")?;
+            assert!(err.contains("auth.admin_key_env"), "{err}");
+            let err = keyed("k6.toml", "[cors]\nallowed_origins = [\"example.com\"]\n")?;
+            assert!(err.contains("cors.allowed_origins[0]"), "{err}");
             jail.set_env("SLOTGATE_ROUTING__MAX_ATTEMPTS", "0");
             let err = GatewayConfig::load(&Cli { backends: backend(), ..Cli::default() })
                 .unwrap_err()
