@@ -124,6 +124,9 @@ async fn serve(
                 r#"{{"object":"list","data":[{{"id":"{model}","object":"model","created":0,"owned_by":"fake"}}]}}"#
             ),
         ),
+        // What llama.cpp's server and vLLM answer for anything else, such as
+        // slotgate's own `/slots/events`.
+        p if !p.starts_with("/v1/") => reply("404 Not Found", "text/plain", "not found"),
         _ => {
             requests.fetch_add(1, Ordering::SeqCst);
             let step = script.lock().unwrap_or_else(|e| e.into_inner()).pop_front();

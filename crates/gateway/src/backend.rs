@@ -45,6 +45,15 @@ pub struct Backend {
     healthy: AtomicBool,
     /// Set by the admin API or a reload: no new requests; removed once idle.
     draining: AtomicBool,
+    /// Whether its slot state is pushed to this gateway (`/slots/events`), and
+    /// need not be polled.
+    pushed: AtomicBool,
+    /// Whether a task follows its slot events.
+    pub followed: AtomicBool,
+    /// This replica's turns at its free slots, dealt at each pushed event.
+    pub turns: crate::turns::Turns,
+    /// The number of the last pushed event.
+    seq: AtomicU64,
     successes: AtomicU32,
     failures: AtomicU32,
 }
@@ -79,6 +88,10 @@ impl Backend {
             foreign_busy: AtomicU32::new(0),
             healthy: AtomicBool::new(false),
             draining: AtomicBool::new(false),
+            pushed: AtomicBool::new(false),
+            followed: AtomicBool::new(false),
+            turns: crate::turns::Turns::default(),
+            seq: AtomicU64::new(0),
             successes: AtomicU32::new(0),
             failures: AtomicU32::new(0),
         }
@@ -144,17 +157,24 @@ impl Backend {
         self.foreign_busy.load(Ordering::Acquire)
     }
 
-    /// Slots free for this gateway.
+    /// Slots free for this gateway, as far as its turn allows.
     pub fn free(&self) -> u32 {
+        self.unheld_free().min(self.turns.left())
+    }
+
+    /// Slots free for this gateway, turns aside.
+    pub fn unheld_free(&self) -> u32 {
         self.slots().saturating_sub(self.in_flight() + self.foreign_busy())
     }
 
     /// Claims a slot if one is free; atomic against concurrent claims.
     pub fn try_claim(&self) -> bool {
-        let limit = self.slots().saturating_sub(self.foreign_busy());
-        self.in_flight
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1))
-            .is_ok()
+        self.turns.take(|| {
+            let limit = self.slots().saturating_sub(self.foreign_busy());
+            self.in_flight
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1))
+                .is_ok()
+        })
     }
 
     /// Counts a request without a slot check (the comparison policies).
@@ -191,6 +211,35 @@ impl Backend {
         }
         let ours = self.in_flight().max(in_flight_before);
         self.foreign_busy.store(busy.saturating_sub(ours), Ordering::Release);
+    }
+
+    /// The engine pushed its state: `total` slots, of which `others` are taken by
+    /// requests this gateway did not send (running or queued there).
+    pub fn pushed(&self, total: u32, others: u32, seq: u64) {
+        self.pushed.store(true, Ordering::Release);
+        self.seq.store(seq, Ordering::Release);
+        if !self.fixed_slots {
+            self.slots.store(total, Ordering::Release);
+        }
+        self.foreign_busy.store(others, Ordering::Release);
+    }
+
+    /// The number of the last pushed event.
+    pub fn seq(&self) -> u64 {
+        self.seq.load(Ordering::Acquire)
+    }
+
+    /// Whether its slot state is pushed (and need not be polled).
+    pub fn is_pushed(&self) -> bool {
+        self.pushed.load(Ordering::Acquire)
+    }
+
+    /// Its slot state is no longer pushed: the health checks poll it again.
+    pub fn set_pushed(&self, pushed: bool) {
+        self.pushed.store(pushed, Ordering::Release);
+        if !pushed {
+            self.turns.clear();
+        }
     }
 
     /// The backend said it is full: treat every slot as busy until the next

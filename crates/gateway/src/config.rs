@@ -103,6 +103,9 @@ pub struct Routing {
     pub pool_idle_timeout_ms: u64,
     /// Connection timeout to a backend.
     pub connect_timeout_ms: u64,
+    /// Follow each backend's pushed slot state (`/slots/events`) where it offers
+    /// one; off, every backend is polled each `health_interval_ms`.
+    pub slot_events: bool,
 }
 
 impl Default for Routing {
@@ -121,6 +124,7 @@ impl Default for Routing {
             unhealthy_threshold: 3,
             pool_idle_timeout_ms: 4_000,
             connect_timeout_ms: 2_000,
+            slot_events: true,
         }
     }
 }
@@ -153,6 +157,9 @@ pub struct GatewayConfig {
     pub keys: Vec<KeyConfig>,
     /// Browser origins allowed to call the gateway.
     pub cors: CorsConfig,
+    /// This gateway's name to the engines (`x-slotgate-replica`), so that
+    /// replicas can tell their requests apart; default: made at start.
+    pub replica_id: Option<String>,
 }
 
 impl Default for GatewayConfig {
@@ -169,6 +176,7 @@ impl Default for GatewayConfig {
             auth: AuthConfig::default(),
             keys: Vec::new(),
             cors: CorsConfig::default(),
+            replica_id: None,
         }
     }
 }
@@ -186,6 +194,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "auth",
     "keys",
     "cors",
+    "replica_id",
 ];
 
 /// Command-line flags.

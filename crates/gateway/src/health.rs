@@ -13,11 +13,13 @@ use crate::backend::Backend;
 use crate::config::Routing;
 use crate::pool::Pool;
 
-/// Checks every backend until `stop` is cancelled.
+/// Checks every backend until `stop` is cancelled, and has a task follow the
+/// slot events of each (see [`crate::slot_events`]) when `routing.slot_events`.
 pub async fn run(
     pool: Arc<Pool>,
     client: reqwest::Client,
     routing: Routing,
+    replica: Arc<str>,
     stop: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(Duration::from_millis(routing.health_interval_ms));
@@ -28,12 +30,29 @@ pub async fn run(
             _ = tick.tick() => {}
         }
         let backends = pool.backends();
+        for b in backends.iter().filter(|_| routing.slot_events) {
+            if !b.followed.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                let follow = crate::slot_events::follow(
+                    pool.clone(),
+                    b.clone(),
+                    client.clone(),
+                    replica.clone(),
+                    stop.clone(),
+                );
+                tokio::spawn(follow);
+            }
+        }
         let checks = backends.iter().map(|b| check(&pool, &client, &routing, b.clone()));
         futures::future::join_all(checks).await;
     }
 }
 
-async fn check(pool: &Pool, client: &reqwest::Client, routing: &Routing, backend: Arc<Backend>) {
+async fn check(
+    pool: &Arc<Pool>,
+    client: &reqwest::Client,
+    routing: &Routing,
+    backend: Arc<Backend>,
+) {
     let url = backend.url();
     if url.is_empty() {
         return;
@@ -56,6 +75,11 @@ async fn check(pool: &Pool, client: &reqwest::Client, routing: &Routing, backend
             }
         }
     }
+    if backend.is_pushed() {
+        // Its slot state arrives as it changes: nothing to poll.
+        admit(pool, routing, &backend, &url);
+        return;
+    }
     let in_flight = backend.in_flight();
     let mut slots = client.get(format!("{url}/slots")).timeout(timeout);
     if let Some(key) = &backend.api_key {
@@ -71,6 +95,11 @@ async fn check(pool: &Pool, client: &reqwest::Client, routing: &Routing, backend
         // No /slots at all: count it as one slot rather than none.
         backend.reconcile(1, 0, in_flight);
     }
+    admit(pool, routing, &backend, &url);
+}
+
+/// A passing check: admitted after enough of them; waiting requests look again.
+fn admit(pool: &Arc<Pool>, routing: &Routing, backend: &Arc<Backend>, url: &str) {
     let was_free = backend.free();
     if backend.check_passed(routing.healthy_threshold) {
         tracing::info!(backend = %url, models = ?backend.models(), slots = backend.slots(), "admitted");
@@ -78,7 +107,7 @@ async fn check(pool: &Pool, client: &reqwest::Client, routing: &Routing, backend
     if backend.is_healthy() {
         // Slots may have freed outside this gateway: let waiting requests look again.
         for _ in 0..was_free.max(1) {
-            pool.wake_backend(&backend);
+            pool.wake_backend(backend);
         }
     }
 }

@@ -20,7 +20,9 @@ pub mod proxy;
 pub mod retry;
 pub mod routes;
 pub mod server;
+pub mod slot_events;
 pub mod supervisor;
+pub mod turns;
 pub mod upstream;
 pub mod usage;
 

@@ -133,10 +133,17 @@ impl Gateway {
         for (spec, admin_key, backend) in engines {
             tasks.spawn(crate::supervisor::supervise(spec, admin_key, backend, stop.clone()));
         }
+        let replica: Arc<str> = match &config.replica_id {
+            Some(id) => id.as_str().into(),
+            None => format!("gw-{}", &crate::supervisor::new_admin_key()[..8]).into(),
+        };
+        let replica_header = axum::http::HeaderValue::from_str(&replica)
+            .map_err(|_| GatewayError::Config("replica_id: not a valid header value".into()))?;
         tasks.spawn(crate::health::run(
             pool.clone(),
             client.clone(),
             routing.clone(),
+            replica.clone(),
             stop.clone(),
         ));
         let drain = Duration::from_millis(config.drain_timeout_ms);
@@ -158,6 +165,7 @@ impl Gateway {
                 live,
                 book,
                 reload,
+                replica: replica_header,
                 draining: draining.clone(),
                 cut_off: cut_off.clone(),
             }),
@@ -234,6 +242,7 @@ struct Common {
     live: LiveCell,
     book: Arc<UsageBook>,
     reload: Reload,
+    replica: axum::http::HeaderValue,
     draining: CancellationToken,
     cut_off: CancellationToken,
 }
@@ -290,7 +299,7 @@ fn serve_worker(listener: std::net::TcpListener, shared: &Common) -> std::io::Re
         let listener = TcpListener::from_std(listener)?;
         let forwarder = Forwarder::new(
             shared.pool.clone(),
-            Upstream::new(&shared.routing),
+            Upstream::new(&shared.routing, shared.replica.clone()),
             shared.retry.clone(),
             shared.live.clone(),
             shared.book.clone(),

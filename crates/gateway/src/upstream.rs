@@ -48,6 +48,8 @@ pub struct Upstream {
     hosts: Mutex<HashMap<String, Arc<Host>>>,
     connect_timeout: Duration,
     idle_timeout: Duration,
+    /// This gateway's name, sent with every request (`x-slotgate-replica`).
+    replica: HeaderValue,
 }
 
 /// One backend URL: where to connect, what to send as `Host`, and its idle
@@ -79,12 +81,14 @@ impl Lease {
 }
 
 impl Upstream {
-    /// A client with the pool and connect timeouts of `routing`.
-    pub fn new(routing: &Routing) -> Self {
+    /// A client with the pool and connect timeouts of `routing`, naming itself
+    /// `replica` to the backends.
+    pub fn new(routing: &Routing, replica: HeaderValue) -> Self {
         Self {
             hosts: Mutex::default(),
             connect_timeout: Duration::from_millis(routing.connect_timeout_ms),
             idle_timeout: Duration::from_millis(routing.pool_idle_timeout_ms),
+            replica,
         }
     }
 
@@ -109,6 +113,7 @@ impl Upstream {
         let h = request.headers_mut();
         h.insert(header::HOST, host.authority.clone());
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        h.insert(slotgate_protocol::REPLICA_HEADER, self.replica.clone());
         h.extend(headers);
 
         // A pooled connection the backend has closed meanwhile gives the request
@@ -273,7 +278,7 @@ mod tests {
     #[tokio::test]
     async fn a_released_connection_is_used_again() {
         let (base, accepted) = backend(usize::MAX).await;
-        let upstream = Upstream::new(&Routing::default());
+        let upstream = Upstream::new(&Routing::default(), HeaderValue::from_static("test"));
         for _ in 0..5 {
             post(&upstream, &base).await.unwrap().release();
         }
@@ -288,7 +293,7 @@ mod tests {
     #[tokio::test]
     async fn a_connection_the_backend_closed_is_replaced() {
         let (base, accepted) = backend(1).await;
-        let upstream = Upstream::new(&Routing::default());
+        let upstream = Upstream::new(&Routing::default(), HeaderValue::from_static("test"));
         for _ in 0..3 {
             post(&upstream, &base).await.unwrap().release();
             // Let the connection's task read the backend's close.
@@ -303,7 +308,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         drop(listener);
-        let upstream = Upstream::new(&Routing::default());
+        let upstream = Upstream::new(&Routing::default(), HeaderValue::from_static("test"));
         assert!(matches!(post(&upstream, &base).await, Err(SendError::Connect(_))));
     }
 

@@ -55,3 +55,47 @@ impl SlotCounts {
         counts
     }
 }
+
+/// The header of `GET /slots` that carries the sequence number of the state it
+/// shows, the same as the `seq` of `GET /slots/events`.
+pub const SLOTS_SEQ_HEADER: &str = "x-slotgate-slots-seq";
+
+/// The header with which a gateway names itself to an engine, so that the engine
+/// can say which requests are whose ([`ModelSlots::replicas`]).
+pub const REPLICA_HEADER: &str = "x-slotgate-replica";
+
+/// The whole slot state of an engine, as one event of `GET /slots/events`: sent
+/// first on connecting, then again each time it changes. Each event is whole, so
+/// a reader that misses one loses nothing once the next arrives.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotState {
+    /// Grows by one with each change of any model's slots or queue.
+    pub seq: u64,
+    /// Every loaded model.
+    pub models: Vec<ModelSlots>,
+    /// The gateway replicas following these events (by `x-slotgate-replica`),
+    /// so that each knows the others, and they can take turns at freed slots.
+    #[serde(default)]
+    pub followers: Vec<String>,
+    /// How long one decode step takes, in microseconds (a moving average): a
+    /// request sent now shows in an event within about that long.
+    #[serde(default)]
+    pub step_us: u64,
+}
+
+/// One model's slots and queue.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelSlots {
+    /// The model's id.
+    pub id: String,
+    /// Slots it has.
+    pub slots: u32,
+    /// Slots running a request.
+    pub busy: u32,
+    /// Requests waiting for a slot.
+    pub queued: u32,
+    /// Of the running and waiting requests, how many each gateway replica sent
+    /// (by the name in its `x-slotgate-replica` header).
+    #[serde(default)]
+    pub replicas: std::collections::BTreeMap<String, u32>,
+}

@@ -151,6 +151,8 @@ pub struct Job {
     pub params: GenParams,
     /// Where events go; dropping its receiver cancels the job.
     pub events: mpsc::UnboundedSender<Event>,
+    /// The gateway replica that sent it (`x-slotgate-replica`), if one said.
+    pub replica: Option<Arc<str>>,
 }
 
 /// One choice of a job, waiting for or running in a slot.
@@ -172,6 +174,8 @@ pub(crate) struct Task {
     pub events: mpsc::UnboundedSender<Event>,
     /// When the job reached the scheduler.
     pub enqueued: Instant,
+    /// The gateway replica that sent the job, if one said.
+    pub replica: Option<Arc<str>>,
 }
 
 impl Task {

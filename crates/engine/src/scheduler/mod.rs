@@ -59,6 +59,11 @@ pub struct Snapshot {
     pub models: Vec<ModelSnapshot>,
     /// Models being loaded now.
     pub loading: u32,
+    /// Grows by one with each change of a model's slots or queue (not with a
+    /// cache that only grew): the `seq` of `/slots` and `/slots/events`.
+    pub seq: u64,
+    /// How long a decode step takes, in microseconds (moving average).
+    pub step_us: u64,
 }
 
 impl Snapshot {
@@ -90,6 +95,8 @@ impl Snapshot {
 pub struct Scheduler {
     commands: SyncSender<Command>,
     snapshot: Arc<ArcSwap<Snapshot>>,
+    /// The `seq` of the last published change, for those who wait for the next.
+    changes: tokio::sync::watch::Receiver<u64>,
 }
 
 impl Scheduler {
@@ -98,6 +105,7 @@ impl Scheduler {
         let (commands, receiver) = sync_channel(COMMAND_CAPACITY);
         let snapshot = Arc::new(ArcSwap::from_pointee(Snapshot::default()));
         let shared = snapshot.clone();
+        let (changed, changes) = tokio::sync::watch::channel(0);
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         std::thread::Builder::new().name("scheduler".into()).spawn(move || {
             // The backend is created on this thread and never leaves it.
@@ -110,10 +118,10 @@ impl Scheduler {
             };
             backend.void_logs();
             let _ = ready_tx.send(Ok(()));
-            worker::Worker::new(backend, receiver, shared).run();
+            worker::Worker::new(backend, receiver, shared, changed).run();
         })?;
         ready_rx.recv().map_err(|_| EngineError::SchedulerGone)??;
-        Ok(Self { commands, snapshot })
+        Ok(Self { commands, snapshot, changes })
     }
 
     /// Sends a job. Its events, errors included, arrive on the job's channel.
@@ -196,13 +204,20 @@ impl Scheduler {
         self.snapshot.load_full()
     }
 
-    /// A new job and the receiver of its events.
+    /// Resolves at each published change of the slots or queues.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.clone()
+    }
+
+    /// A new job, sent by gateway replica `replica` if one said, and the
+    /// receiver of its events.
     pub fn job(
         model: String,
         input: JobInput,
         params: GenParams,
+        replica: Option<Arc<str>>,
     ) -> (Job, mpsc::UnboundedReceiver<Event>) {
         let (events, rx) = mpsc::unbounded_channel();
-        (Job { model, input, params, events }, rx)
+        (Job { model, input, params, events, replica }, rx)
     }
 }

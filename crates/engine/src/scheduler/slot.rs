@@ -200,6 +200,7 @@ mod tests {
             echo_text: None,
             events,
             enqueued: Instant::now(),
+            replica: None,
         };
         Running {
             task,

@@ -38,6 +38,12 @@ pub(super) struct Worker {
     step_no: u64,
     /// Where the fair round starts this step, so no model always goes first.
     round: usize,
+    /// Tells the HTTP side that the slots or queues changed, with the new `seq`.
+    changed: tokio::sync::watch::Sender<u64>,
+    /// What the last change showed: per model, each slot's task and the queue.
+    shown: Vec<(String, Vec<i64>, usize)>,
+    /// How long a step that decoded took, in microseconds (moving average).
+    step_us: u64,
 }
 
 impl Worker {
@@ -45,6 +51,7 @@ impl Worker {
         backend: LlamaBackend,
         commands: Receiver<Command>,
         snapshot: Arc<ArcSwap<Snapshot>>,
+        changed: tokio::sync::watch::Sender<u64>,
     ) -> Self {
         Self {
             backend,
@@ -55,6 +62,9 @@ impl Worker {
             next_task: 0,
             step_no: 0,
             round: 0,
+            changed,
+            shown: Vec::new(),
+            step_us: 0,
         }
     }
 
@@ -102,6 +112,18 @@ impl Worker {
             let (did, spent) = self.models[i].step(self.step_no, &mut self.outbox);
             decoded |= did;
             in_llama += spent;
+        }
+        // Requests that arrived during the step are admitted (or refused) before
+        // the state is published: the state then shows every request that
+        // reached the engine before it, and gateways see their claims in it
+        // one step sooner.
+        while let Ok(cmd) = self.commands.try_recv() {
+            self.handle(cmd);
+        }
+        if decoded {
+            let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+            self.step_us =
+                if self.step_us == 0 { us } else { self.step_us - self.step_us / 8 + us / 8 };
         }
         self.publish();
         if decoded {
@@ -210,8 +232,22 @@ impl Worker {
             metrics::gauge!(m::QUEUE_DEPTH, "model" => model.id.clone())
                 .set(model.queue_depth as f64);
         }
-        let loading = self.snapshot.load().loading;
-        self.snapshot.store(Arc::new(Snapshot { models, loading }));
+        let previous = self.snapshot.load();
+        let shown: Vec<(String, Vec<i64>, usize)> = models
+            .iter()
+            .map(|m| (m.id.clone(), m.slots.iter().map(|s| s.id_task).collect(), m.queue_depth))
+            .collect();
+        let mut seq = previous.seq;
+        if shown != self.shown {
+            seq += 1;
+            self.shown = shown;
+        }
+        let loading = previous.loading;
+        let step_us = self.step_us;
+        self.snapshot.store(Arc::new(Snapshot { models, loading, seq, step_us }));
+        if seq != previous.seq {
+            self.changed.send_replace(seq);
+        }
         self.outbox.flush();
     }
 }

@@ -136,7 +136,13 @@ pub async fn slots(
     if fail && slots.iter().all(|s| s.is_processing) {
         return api_response(ApiError::slot_unavailable("no slot is free"));
     }
-    Json(slots).into_response()
+    let mut response = Json(slots).into_response();
+    // The same number as the events of `/slots/events`: a reader of both can
+    // tell which is newer.
+    response
+        .headers_mut()
+        .insert(slotgate_protocol::SLOTS_SEQ_HEADER, axum::http::HeaderValue::from(snapshot.seq));
+    response
 }
 
 /// `GET /metrics`: Prometheus text.

@@ -34,6 +34,7 @@ const ARGUMENT_PIECES: usize = 4;
 /// `POST /v1/chat/completions`.
 pub async fn chat(
     State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
     JsonBody(mut req): JsonBody<ChatCompletionRequest>,
 ) -> Result<Response, EngineError> {
     resolve_model(&state, &mut req.model)?;
@@ -94,7 +95,8 @@ pub async fn chat(
     let streamed = req.sampling.is_stream();
     let with_logprobs = params.logprobs.is_some();
     let (first, rx) =
-        run(&state, &model, JobInput::Chat(messages, template_tools), params, streamed).await?;
+        run(&state, &model, JobInput::Chat(messages, template_tools), params, streamed, &headers)
+            .await?;
     let id = crate::ids::next("chatcmpl");
     let created = now();
     count(&model, 200);

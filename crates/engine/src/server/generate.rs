@@ -49,12 +49,20 @@ pub(super) async fn run(
     input: JobInput,
     params: GenParams,
     stream: bool,
+    headers: &axum::http::HeaderMap,
 ) -> Result<(Option<Event>, UnboundedReceiver<Event>), EngineError> {
     let scheduler = &state.scheduler;
     if !scheduler.snapshot().models.iter().any(|m| m.id == model) {
         return Err(fail(model, ApiError::model_not_found(model)));
     }
-    let (job, mut rx) = Scheduler::job(model.to_owned(), input, params);
+    // Which gateway replica sent it: the slot state says so, for replicas to
+    // tell their own requests from the others'.
+    let replica = headers
+        .get(slotgate_protocol::REPLICA_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 64)
+        .map(std::sync::Arc::<str>::from);
+    let (job, mut rx) = Scheduler::job(model.to_owned(), input, params, replica);
     scheduler.submit(job).map_err(|e| fail(model, e))?;
     let keepalive = keepalive(state);
     let first = match keepalive.filter(|_| stream) {
@@ -87,6 +95,7 @@ pub(super) fn resolve_model(state: &AppState, model: &mut String) -> Result<(), 
 /// `POST /v1/completions`.
 pub async fn completions(
     State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
     JsonBody(mut req): JsonBody<CompletionRequest>,
 ) -> Result<Response, EngineError> {
     resolve_model(&state, &mut req.model)?;
@@ -108,7 +117,8 @@ pub async fn completions(
     let items = req.prompt.items();
     let shape = Shape { choices: items.len() as u32 * params.n, n: params.n };
     let streamed = req.sampling.is_stream();
-    let (first, rx) = run(&state, &req.model, JobInput::Prompts(items), params, streamed).await?;
+    let (first, rx) =
+        run(&state, &req.model, JobInput::Prompts(items), params, streamed, &headers).await?;
     let writer = CompletionChunks {
         id: crate::ids::next("cmpl"),
         created: now(),

@@ -1,4 +1,4 @@
-//! The HTTP side of the engine: OpenAI endpoints, `/health`, `/slots`, `/metrics`,
+//! The HTTP side of the engine: OpenAI endpoints, `/health`, `/slots` and its event stream, `/metrics`,
 //! llama-server's `/props`, `/tokenize`, `/detokenize` and `/apply-template`, and
 //! model loading. Handlers never touch llama.cpp; they talk to the scheduler.
 
@@ -6,6 +6,7 @@ mod admin;
 mod answer;
 mod body;
 mod chat;
+mod events;
 mod generate;
 mod tokens;
 
@@ -37,6 +38,10 @@ pub struct AppState {
     pub metrics: PrometheusHandle,
     /// The admin key's SHA-256: loading, unloading and `/slots` detail need it.
     pub admin_key: Option<[u8; 32]>,
+    /// Cancelled when the engine starts draining: long-lived streams end.
+    pub draining: CancellationToken,
+    /// The gateway replicas following `/slots/events`.
+    pub followers: Arc<events::Followers>,
 }
 
 /// The engine's routes.
@@ -61,6 +66,7 @@ pub fn router(state: AppState) -> Router {
         .route("/apply-template", post(tokens::apply_template))
         .route("/health", get(admin::health))
         .route("/slots", get(admin::slots))
+        .route("/slots/events", get(events::slot_events))
         .route("/props", get(admin::props))
         .route("/metrics", get(admin::metrics))
         .fallback(not_found)
@@ -110,14 +116,16 @@ pub async fn serve(
     let scheduler = Scheduler::start()?;
     let settings: ModelSettings = config.model.clone();
     let drain = Duration::from_millis(config.server.drain_timeout_ms);
+    let draining = CancellationToken::new();
     let state = AppState {
         scheduler: scheduler.clone(),
         admin_key: config.server.admin_key()?,
         config: Arc::new(config),
         metrics: crate::metrics::handle(),
+        draining: draining.clone(),
+        followers: Arc::default(),
     };
     let app = router(state);
-    let draining = CancellationToken::new();
     let signal = draining.clone();
     tokio::spawn(async move {
         shutdown.await;

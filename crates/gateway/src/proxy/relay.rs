@@ -228,7 +228,13 @@ mod tests {
         let (backend, chats) = sized_backend().await;
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let routing =
-            Routing { health_interval_ms: 50, healthy_threshold: 1, ..Routing::default() };
+            // No slot-event stream: its connection would be counted as the relay's.
+            Routing {
+                health_interval_ms: 50,
+                healthy_threshold: 1,
+                slot_events: false,
+                ..Routing::default()
+            };
         let backends = vec![BackendConfig {
             url: backend,
             models: Some(vec!["m".into()]),

@@ -83,6 +83,8 @@ pub struct ModelSnapshot {
     pub slots: Vec<SlotStatus>,
     /// Tasks waiting for a slot.
     pub queue_depth: usize,
+    /// Of the running and waiting tasks, how many each gateway replica sent.
+    pub replicas: std::collections::BTreeMap<String, u32>,
 }
 
 /// A model being served.
@@ -262,12 +264,20 @@ impl ModelRuntime {
                 n_cached: Some(s.cache.len() as u32),
             })
             .collect();
+        let mut replicas = std::collections::BTreeMap::new();
+        let running = self.slots.iter().filter_map(|s| s.running.as_ref().map(|r| &r.task));
+        for task in running.chain(self.queue.iter()) {
+            if let Some(replica) = &task.replica {
+                *replicas.entry(replica.to_string()).or_insert(0) += 1;
+            }
+        }
         ModelSnapshot {
             id: self.id.clone(),
             info: self.info.clone(),
             created: self.created,
             slots,
             queue_depth: self.queue.len(),
+            replicas,
         }
     }
 }

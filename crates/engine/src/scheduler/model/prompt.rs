@@ -94,6 +94,7 @@ impl ModelRuntime {
                     echo_text: echo_text.clone(),
                     events: job.events.clone(),
                     enqueued,
+                    replica: job.replica.clone(),
                 });
             }
         }
