@@ -1,6 +1,7 @@
 //! A scripted fake backend for fault injection: it speaks just enough HTTP/1.1 to
 //! look like an engine (`/health`, `/slots`, `/v1/models`) and answers generation
 //! requests from a script ("503 slot_unavailable twice, then reset, then answer").
+//! Started as vLLM, it has no `/slots` and shows a settable load in `/metrics`.
 //! It is never a stand-in for the real engine: every feature is also tested there.
 
 use std::collections::VecDeque;
@@ -28,10 +29,22 @@ pub enum Step {
 pub struct Fake {
     /// `http://127.0.0.1:PORT`.
     pub url: String,
-    script: Arc<Mutex<VecDeque<Step>>>,
+    state: Arc<State>,
     /// Generation requests received.
     pub requests: Arc<AtomicU32>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// What every connection of one fake shares.
+struct State {
+    script: Mutex<VecDeque<Step>>,
+    requests: Arc<AtomicU32>,
+    model: String,
+    slots: u32,
+    /// Shaped like vLLM: no `/slots`, its load in `/metrics`.
+    vllm: bool,
+    /// `vllm:num_requests_running` and `vllm:num_requests_waiting`.
+    load: [AtomicU32; 2],
 }
 
 impl Drop for Fake {
@@ -43,35 +56,53 @@ impl Drop for Fake {
 impl Fake {
     /// Starts a fake serving `model` with `slots` slots.
     pub async fn start(model: &str, slots: u32) -> Self {
+        Self::spawn(model, slots, false).await
+    }
+
+    /// Starts a fake shaped like vLLM: `/metrics` instead of `/slots`, its load
+    /// set by [`Fake::set_load`].
+    pub async fn start_vllm(model: &str) -> Self {
+        Self::spawn(model, 0, true).await
+    }
+
+    async fn spawn(model: &str, slots: u32, vllm: bool) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("http://{}", listener.local_addr().expect("addr"));
-        let script = Arc::new(Mutex::new(VecDeque::new()));
         let requests = Arc::new(AtomicU32::new(0));
-        let (s, r, model) = (script.clone(), requests.clone(), model.to_owned());
+        let state = Arc::new(State {
+            script: Mutex::new(VecDeque::new()),
+            requests: requests.clone(),
+            model: model.to_owned(),
+            slots,
+            vllm,
+            load: [AtomicU32::new(0), AtomicU32::new(0)],
+        });
+        let shared = state.clone();
         let task = tokio::spawn(async move {
             while let Ok((socket, _)) = listener.accept().await {
-                let (s, r, model) = (s.clone(), r.clone(), model.clone());
+                let state = shared.clone();
                 tokio::spawn(async move {
-                    let _ = serve(socket, &s, &r, &model, slots).await;
+                    let _ = serve(socket, &state).await;
                 });
             }
         });
-        Self { url, script, requests, task }
+        Self { url, state, requests, task }
     }
 
     /// Appends steps to the script; once it is empty, requests are answered normally.
     pub fn push(&self, steps: &[Step]) {
-        self.script.lock().unwrap_or_else(|e| e.into_inner()).extend(steps.iter().cloned());
+        self.state.script.lock().unwrap_or_else(|e| e.into_inner()).extend(steps.iter().cloned());
+    }
+
+    /// Sets the load a vLLM-shaped fake reports: requests running and waiting.
+    pub fn set_load(&self, running: u32, waiting: u32) {
+        self.state.load[0].store(running, Ordering::SeqCst);
+        self.state.load[1].store(waiting, Ordering::SeqCst);
     }
 }
 
-async fn serve(
-    mut socket: TcpStream,
-    script: &Mutex<VecDeque<Step>>,
-    requests: &AtomicU32,
-    model: &str,
-    slots: u32,
-) -> std::io::Result<()> {
+async fn serve(mut socket: TcpStream, state: &State) -> std::io::Result<()> {
+    let (model, slots) = (state.model.as_str(), state.slots);
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     let (head_end, length) = loop {
@@ -111,7 +142,17 @@ async fn serve(
     };
     let out = match path.as_str() {
         "/health" => reply("200 OK", "application/json", r#"{"status":"ok"}"#),
-        "/slots" => {
+        "/metrics" if state.vllm => reply(
+            "200 OK",
+            "text/plain; version=0.0.4",
+            &format!(
+                "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{engine=\"0\",model_name=\"{model}\"}} {}.0\n\
+                 # TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{engine=\"0\",model_name=\"{model}\"}} {}.0\n",
+                state.load[0].load(Ordering::SeqCst),
+                state.load[1].load(Ordering::SeqCst),
+            ),
+        ),
+        "/slots" if !state.vllm => {
             let slots: Vec<String> = (0..slots)
                 .map(|i| format!(r#"{{"id":{i},"id_task":-1,"n_ctx":512,"is_processing":false}}"#))
                 .collect();
@@ -128,8 +169,8 @@ async fn serve(
         // slotgate's own `/slots/events`.
         p if !p.starts_with("/v1/") => reply("404 Not Found", "text/plain", "not found"),
         _ => {
-            requests.fetch_add(1, Ordering::SeqCst);
-            let step = script.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
+            state.requests.fetch_add(1, Ordering::SeqCst);
+            let step = state.script.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
             match step {
                 Some(Step::SlotUnavailable) => reply(
                     "503 Service Unavailable",

@@ -457,3 +457,40 @@ async fn when_every_attempt_is_refused_the_client_gets_slot_unavailable() {
         "max_attempts tries, no more"
     );
 }
+
+#[tokio::test]
+async fn a_vllm_backend_is_scheduled_by_the_load_in_its_metrics() {
+    // vLLM has no /slots: its load is read from /metrics over the configured slots.
+    let fake = Fake::start_vllm("fake").await;
+    fake.set_load(2, 1);
+    let config =
+        TempFile::new("vllm.toml", &format!("[[backends]]\nurl = \"{}\"\nslots = 2\n", fake.url));
+    let gw = gateway_with_config(&config.path, &[]);
+    let client = client();
+    ready(&client, &gw, 1).await;
+    let admin = format!("{}/admin/backends", gw.url);
+    let full = eventually(Duration::from_secs(5), || async {
+        get(&client, &admin).await.1["backends"][0]["slots_busy"] == 3
+    })
+    .await;
+    assert!(full, "{}", get(&client, &admin).await.1);
+    let url = format!("{}/v1/chat/completions", gw.url);
+    let pending = {
+        let (client, url) = (client.clone(), url.clone());
+        tokio::spawn(async move { post(&client, &url, &chat("fake", "x", 4, false)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(
+        fake.requests.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "a full vLLM backend is not sent more: the request waits in the gateway"
+    );
+    assert!(!pending.is_finished());
+    fake.set_load(1, 0);
+    let (status, r) = tokio::time::timeout(Duration::from_secs(5), pending)
+        .await
+        .expect("served once the metrics show a free slot")
+        .unwrap();
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(fake.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
+}

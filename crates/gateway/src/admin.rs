@@ -24,6 +24,7 @@ use slotgate_protocol::{ApiError, ErrorType};
 use crate::auth::limits::UsageBook;
 use crate::backend::Backend;
 use crate::config::{BackendConfig, Cli, GatewayConfig};
+use crate::discovery::Discovery;
 use crate::error::GatewayError;
 use crate::live::{Live, LiveCell};
 use crate::pool::Pool;
@@ -53,6 +54,7 @@ struct Inner {
     live: LiveCell,
     book: Arc<UsageBook>,
     pool: Arc<Pool>,
+    discovery: Arc<Discovery>,
 }
 
 impl Reload {
@@ -63,8 +65,10 @@ impl Reload {
         live: LiveCell,
         book: Arc<UsageBook>,
         pool: Arc<Pool>,
+        discovery: Arc<Discovery>,
     ) -> Self {
-        Self { inner: Arc::new(Inner { source, config: Mutex::new(config), live, book, pool }) }
+        let config = Mutex::new(config);
+        Self { inner: Arc::new(Inner { source, config, live, book, pool, discovery }) }
     }
 
     /// Reads the configuration again and applies it; the error says why it was refused.
@@ -85,6 +89,7 @@ impl Reload {
             ("drain_timeout_ms", old.drain_timeout_ms != new.drain_timeout_ms),
             ("max_body_bytes", old.max_body_bytes != new.max_body_bytes),
             ("auth.redis_url", old.auth.redis_url != new.auth.redis_url),
+            ("discovery", old.discovery != new.discovery),
         ];
         let kept: Vec<&str> =
             fixed.iter().filter(|(_, changed)| *changed).map(|(k, _)| *k).collect();
@@ -93,19 +98,21 @@ impl Reload {
         }
         inner.live.store(Arc::new(live));
         inner.pool.set_routing(&new.routing);
+        inner.discovery.sync(&new.backends);
+        let fixed = |b: &&BackendConfig| !crate::target::is_discovered(&b.url);
         let mut added = 0;
-        for b in new.backends.iter().filter(|b| !old.backends.contains(b)) {
+        for b in new.backends.iter().filter(fixed).filter(|b| !old.backends.contains(b)) {
             inner.pool.add(b);
             added += 1;
         }
         let mut removed = 0;
-        for gone in old.backends.iter().filter(|b| !new.backends.contains(b)) {
+        for gone in old.backends.iter().filter(fixed).filter(|b| !new.backends.contains(b)) {
             let url = gone.url.trim_end_matches('/');
             let backends = inner.pool.backends();
             let found =
                 backends.iter().find(|b| b.fixed_url.as_deref() == Some(url) && !b.is_draining());
             if let Some(backend) = found {
-                retire(&inner.pool, backend.clone(), Duration::from_millis(new.drain_timeout_ms));
+                inner.pool.retire(backend.clone(), Duration::from_millis(new.drain_timeout_ms));
                 removed += 1;
             }
         }
@@ -115,21 +122,6 @@ impl Reload {
             json!({"reloaded": true, "backends_added": added, "backends_removed": removed, "keys": old.keys.len()}),
         )
     }
-}
-
-/// Drains `backend` and takes it out of the pool once its requests have ended,
-/// or after `limit`, whichever comes first (requests still on it keep it).
-fn retire(pool: &Arc<Pool>, backend: Arc<Backend>, limit: Duration) {
-    backend.drain();
-    let pool = pool.clone();
-    tokio::spawn(async move {
-        let until = tokio::time::Instant::now() + limit;
-        while backend.in_flight() > 0 && tokio::time::Instant::now() < until {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        pool.remove(backend.index);
-        tracing::info!(backend = %backend.url(), "removed");
-    });
 }
 
 fn admin(app: &App, headers: &HeaderMap) -> Result<(), GatewayError> {
@@ -222,7 +214,7 @@ async fn remove(
         pool.remove(id);
         StatusCode::OK
     } else {
-        retire(pool, backend.clone(), Duration::from_secs(3600));
+        pool.retire(backend.clone(), Duration::from_secs(3600));
         StatusCode::ACCEPTED
     };
     Ok((status, Json(describe(pool, &backend))).into_response())

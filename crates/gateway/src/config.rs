@@ -21,7 +21,8 @@ pub struct BackendConfig {
     /// Models it serves; default: read from its `/v1/models`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub models: Option<Vec<String>>,
-    /// Slots it has; default: read from its `/slots`.
+    /// Slots it has; default: read from its `/slots`. Set it for a backend without
+    /// `/slots` (vLLM: its `max_num_seqs`), whose load is read from `/metrics`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slots: Option<u32>,
     /// Relative share of traffic among equals.
@@ -160,6 +161,26 @@ pub struct GatewayConfig {
     /// This gateway's name to the engines (`x-slotgate-replica`), so that
     /// replicas can tell their requests apart; default: made at start.
     pub replica_id: Option<String>,
+    /// How backends named by DNS (`dns+http://`, `dnssrv+http://`) are resolved.
+    pub discovery: DiscoveryConfig,
+}
+
+/// DNS discovery: a backend URL `dns+http://NAME:PORT` stands for every A and
+/// AAAA record of NAME, and `dnssrv+http://NAME` for every SRV record of NAME
+/// (each target's addresses at the record's port).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DiscoveryConfig {
+    /// How often each name is resolved again.
+    pub interval_ms: u64,
+    /// Name servers to ask, as `IP:PORT`; empty: the system's (`/etc/resolv.conf`).
+    pub nameservers: Vec<String>,
+}
+
+impl Default for DiscoveryConfig {
+    fn default() -> Self {
+        Self { interval_ms: 5_000, nameservers: Vec::new() }
+    }
 }
 
 impl Default for GatewayConfig {
@@ -177,6 +198,7 @@ impl Default for GatewayConfig {
             keys: Vec::new(),
             cors: CorsConfig::default(),
             replica_id: None,
+            discovery: DiscoveryConfig::default(),
         }
     }
 }
@@ -195,6 +217,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "keys",
     "cors",
     "replica_id",
+    "discovery",
 ];
 
 /// Command-line flags.
@@ -260,11 +283,8 @@ impl GatewayConfig {
             );
         }
         for (i, b) in self.backends.iter().enumerate() {
-            if !(b.url.starts_with("http://") || b.url.starts_with("https://")) {
-                return bad(
-                    format!("backends[{i}].url"),
-                    format!("`{}` is not an http:// URL", b.url),
-                );
+            if let Err(why) = crate::target::Target::parse(&b.url) {
+                return bad(format!("backends[{i}].url"), why);
             }
             if b.weight == 0 {
                 return bad(format!("backends[{i}].weight"), "must be at least 1".into());
@@ -280,6 +300,17 @@ impl GatewayConfig {
                     );
                 }
             }
+        }
+        for (i, ns) in self.discovery.nameservers.iter().enumerate() {
+            if ns.parse::<std::net::SocketAddr>().is_err() {
+                return bad(
+                    format!("discovery.nameservers[{i}]"),
+                    format!("`{ns}` is not an address such as 127.0.0.1:53"),
+                );
+            }
+        }
+        if self.discovery.interval_ms < 100 {
+            return bad("discovery.interval_ms".into(), "must be at least 100".into());
         }
         for (i, e) in self.engines.iter().enumerate() {
             if !e.model.is_file() {

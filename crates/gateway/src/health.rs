@@ -1,5 +1,6 @@
 //! Active health checks: every interval each backend's `/health`, then its
-//! `/slots` (to reconcile slot counts) and, unless configured, its `/v1/models`.
+//! `/slots` (to reconcile slot counts; for vLLM, which has none, the load in its
+//! `/metrics`) and, unless configured, its `/v1/models`.
 //! A backend is admitted after `healthy_threshold` passes in a row and ejected
 //! after `unhealthy_threshold` failures; a loading backend (503) fails the check.
 
@@ -81,21 +82,46 @@ async fn check(
         return;
     }
     let in_flight = backend.in_flight();
+    match slot_state(client, &backend, &url, timeout).await {
+        Some((total, busy)) => backend.reconcile(total, busy, in_flight),
+        // Neither /slots nor load metrics: count it as one slot rather than none.
+        None if !backend.fixed_slots && backend.slots() == 0 => backend.reconcile(1, 0, in_flight),
+        None => {}
+    }
+    admit(pool, routing, &backend, &url);
+}
+
+/// Its slots and how many are busy: from `/slots` (slotgate, llama.cpp's server),
+/// or else from the load in its `/metrics` (vLLM) over its configured slot count.
+async fn slot_state(
+    client: &reqwest::Client,
+    backend: &Backend,
+    url: &str,
+    timeout: Duration,
+) -> Option<(u32, u32)> {
     let mut slots = client.get(format!("{url}/slots")).timeout(timeout);
     if let Some(key) = &backend.api_key {
         // The engine's own key: what each slot holds is shown only with it.
         slots = slots.header(axum::http::header::AUTHORIZATION, key.clone());
     }
-    if let Ok(r) = slots.send().await {
+    let r = slots.send().await.ok()?;
+    if r.status().is_success() {
         if let Ok(slots) = r.json::<Vec<SlotStatus>>().await {
             let counts = SlotCounts::of(&slots, None);
-            backend.reconcile(counts.total, counts.busy, in_flight);
+            return Some((counts.total, counts.busy));
         }
-    } else if !backend.fixed_slots && backend.slots() == 0 {
-        // No /slots at all: count it as one slot rather than none.
-        backend.reconcile(1, 0, in_flight);
     }
-    admit(pool, routing, &backend, &url);
+    let mut metrics = client.get(format!("{url}/metrics")).timeout(timeout);
+    if let Some(key) = &backend.api_key {
+        metrics = metrics.header(axum::http::header::AUTHORIZATION, key.clone());
+    }
+    let r = metrics.send().await.ok()?;
+    if !r.status().is_success() {
+        return None;
+    }
+    let load = crate::load_metrics::Load::parse(&r.text().await.ok()?)?;
+    // Its capacity is what `slots` says (vLLM's `max_num_seqs`); unset, one.
+    Some((backend.slots().max(1), load.busy()))
 }
 
 /// A passing check: admitted after enough of them; waiting requests look again.

@@ -19,6 +19,7 @@ use crate::auth::limits::UsageBook;
 use crate::auth::shared::Shared;
 use crate::backend::Backend;
 use crate::config::{BackendConfig, Cli, GatewayConfig};
+use crate::discovery::Discovery;
 use crate::error::GatewayError;
 use crate::live::{Live, LiveCell};
 use crate::pool::Pool;
@@ -88,8 +89,10 @@ impl Gateway {
         let metrics = crate::metrics::handle();
         let stop = CancellationToken::new();
         let tasks = TaskTracker::new();
+        // Backends named by DNS join the pool as they are discovered.
+        let fixed = config.backends.iter().filter(|b| !crate::target::is_discovered(&b.url));
         let mut backends: Vec<Arc<Backend>> =
-            config.backends.iter().enumerate().map(|(i, b)| Arc::new(Backend::new(i, b))).collect();
+            fixed.enumerate().map(|(i, b)| Arc::new(Backend::new(i, b))).collect();
         let mut engines = Vec::new();
         for spec in &config.engines {
             let id = spec.model_id.clone().unwrap_or_else(|| {
@@ -128,7 +131,21 @@ impl Gateway {
         if live.load().auth.is_open() {
             tracing::warn!("no [[keys]]: the gateway is open to anyone who reaches it");
         }
-        let reload = Reload::new(source, config.clone(), live.clone(), book.clone(), pool.clone());
+        let discovery = Discovery::new(
+            &config.discovery,
+            Duration::from_millis(config.drain_timeout_ms),
+            pool.clone(),
+            stop.clone(),
+        )?;
+        discovery.sync(&config.backends);
+        let reload = Reload::new(
+            source,
+            config.clone(),
+            live.clone(),
+            book.clone(),
+            pool.clone(),
+            discovery,
+        );
         tasks.spawn(reload_on_hangup(reload.clone(), stop.clone()));
         for (spec, admin_key, backend) in engines {
             tasks.spawn(crate::supervisor::supervise(spec, admin_key, backend, stop.clone()));

@@ -7,8 +7,9 @@
 //! one replica's alone, and only in the first half of each turn: a slot taken
 //! then shows as taken in the engine's next event before the next turn begins
 //! (a turn lasts three of the engine's steps), so a turn that ends without an
-//! event means nobody took anything in it. Without events (a polled backend)
-//! every free slot is this replica's at once, as before.
+//! event means nobody took anything in it. Without events (a polled backend),
+//! or as the only replica following them, every free slot is this replica's at
+//! once, as before.
 
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -60,10 +61,19 @@ impl Turns {
     }
 
     /// An event dealt `free` slots; this replica is `rank` of `replicas`, and a
-    /// turn lasts `turn`.
+    /// turn lasts `turn`. The only replica following has no turns to wait for:
+    /// its own claims already count every slot it takes.
     pub fn deal(&self, free: u32, rank: u32, replicas: u32, turn: Duration) {
         let at = Instant::now();
-        *self.lock() = Some(Deal { at, free, rank, replicas, turn, taken: 0, taken_in: 0 });
+        *self.lock() = (replicas > 1).then_some(Deal {
+            at,
+            free,
+            rank,
+            replicas,
+            turn,
+            taken: 0,
+            taken_in: 0,
+        });
     }
 
     /// Events no longer come: every free slot is this replica's again.
@@ -127,6 +137,8 @@ mod tests {
             })
             .collect();
         assert_eq!(held, vec![1, 1, 0]);
+        t.deal(2, 0, 1, Duration::ZERO);
+        assert_eq!(t.left(), u32::MAX, "the only replica is never kept waiting for a turn");
         t.deal(2, 0, 3, long);
         assert!(!t.take(|| false) && t.left() == 1, "a failed claim takes nothing");
         assert!(t.take(|| true));

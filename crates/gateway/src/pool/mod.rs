@@ -3,6 +3,7 @@
 //! releases (and by backends turning healthy), never by polling.
 
 mod queue;
+mod retire;
 mod spill;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
