@@ -393,7 +393,7 @@ async fn multi_turn_chat_reuses_the_cached_prompt() {
     let metrics =
         client.get(format!("{}/metrics", engine.url)).send().await.unwrap().text().await.unwrap();
     for name in [
-        "slotgate_engine_slots_total",
+        "slotgate_engine_slots",
         "slotgate_engine_slots_busy",
         "slotgate_engine_queue_depth",
         "slotgate_engine_requests_total",

@@ -117,7 +117,7 @@ async fn two_engines_share_the_load_and_slots_are_never_overcommitted() {
     }
     for name in [
         "slotgate_backend_up{",
-        "slotgate_backend_slots_total{",
+        "slotgate_backend_slots{",
         "slotgate_backend_slots_busy{",
         "slotgate_requests_total{",
         "slotgate_request_duration_seconds_bucket{",

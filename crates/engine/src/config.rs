@@ -129,6 +129,16 @@ pub struct ServerSettings {
     /// directory.
     #[arg(long)]
     pub models_dir: Option<PathBuf>,
+    /// Log lines as `text` (coloured only on a terminal) or `json` (one object
+    /// per line, for log shippers).
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: slotgate_http::LogFormat,
+    /// Also export the load under vLLM's metric names (`vllm:num_requests_running`,
+    /// `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`,
+    /// `vllm:cache_config_info`), which the Gateway API Inference Extension and
+    /// llm-d schedule on. Prometheus' linter objects to their `:`.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub vllm_metrics: bool,
 }
 
 impl ServerSettings {

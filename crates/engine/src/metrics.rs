@@ -1,9 +1,12 @@
-//! Prometheus metrics of the engine. Every series is labelled by `model`.
+//! Prometheus metrics of the engine. Every series is labelled by `model`, and
+//! the vLLM-named ones, which schedulers built for vLLM read (Kubernetes'
+//! Gateway API Inference Extension, llm-d), by `model_name` as vLLM labels them.
 
 use metrics_exporter_prometheus::PrometheusHandle;
+use slotgate_http::MetricKind as Kind;
 
-/// Slots of a model (gauge).
-pub const SLOTS_TOTAL: &str = "slotgate_engine_slots_total";
+/// Slots of a model (gauge). Not `_total`: that suffix is for counters.
+pub const SLOTS: &str = "slotgate_engine_slots";
 /// Slots running a request (gauge).
 pub const SLOTS_BUSY: &str = "slotgate_engine_slots_busy";
 /// Choices waiting for a slot (gauge).
@@ -37,7 +40,80 @@ pub const QUEUE_WAIT: &str = "slotgate_engine_queue_wait_seconds";
 /// Scheduler work per step outside llama.cpp's decode (histogram, seconds).
 pub const STEP_OVERHEAD: &str = "slotgate_engine_step_overhead_seconds";
 
-/// The process's Prometheus recorder.
+/// Requests running in a slot, as vLLM names it (gauge; `model_name`).
+pub const VLLM_RUNNING: &str = "vllm:num_requests_running";
+/// Requests waiting for a slot, as vLLM names it (gauge; `model_name`).
+pub const VLLM_WAITING: &str = "vllm:num_requests_waiting";
+/// KV cells holding tokens over the cells of every slot, 0 to 1 (gauge; `model_name`).
+pub const VLLM_KV_USAGE: &str = "vllm:kv_cache_usage_perc";
+/// The KV cache's layout, in labels; always 1 (gauge; `model_name`, `block_size`,
+/// `num_gpu_blocks`, `cache_dtype`, `enable_prefix_caching`).
+pub const VLLM_CACHE_CONFIG: &str = "vllm:cache_config_info";
+
+/// Every metric with its type and the help text `/metrics` shows for it (as
+/// Prometheus' linter, `promtool check metrics`, asks). The README lists them.
+const DESCRIBED: &[(&str, Kind, &str)] = &[
+    (SLOTS, Kind::Gauge, "Slots of the model: requests it decodes together."),
+    (SLOTS_BUSY, Kind::Gauge, "Slots running a request."),
+    (QUEUE_DEPTH, Kind::Gauge, "Requests (choices) waiting for a slot."),
+    (REQUESTS, Kind::Counter, "Requests answered, by HTTP status."),
+    (PROMPT_TOKENS, Kind::Counter, "Prompt tokens of finished choices."),
+    (PROMPT_TOKENS_CACHED, Kind::Counter, "Prompt tokens reused from the prompt cache."),
+    (PROMPT_TOKENS_COMPUTED, Kind::Counter, "Prompt tokens decoded because no cache held them."),
+    (HOST_CACHE_BYTES, Kind::Gauge, "Bytes of KV state held in the host-memory prompt cache."),
+    (HOST_CACHE_ENTRIES, Kind::Gauge, "Conversations held in the host-memory prompt cache."),
+    (
+        HOST_CACHE_HITS,
+        Kind::Counter,
+        "Admissions that restored a conversation from the host cache.",
+    ),
+    (
+        HOST_CACHE_MISSES,
+        Kind::Counter,
+        "Admissions that found nothing to restore in the host cache.",
+    ),
+    (GENERATED_TOKENS, Kind::Counter, "Tokens sampled."),
+    (CANCELLED, Kind::Counter, "Choices cancelled because their client went away."),
+    (
+        TTFT,
+        Kind::Histogram,
+        "Time from a request's arrival to its first sampled token, in seconds.",
+    ),
+    (TPOT, Kind::Histogram, "Mean time per output token after the first, per choice, in seconds."),
+    (QUEUE_WAIT, Kind::Histogram, "Time requests waited for a slot, in seconds."),
+    (
+        STEP_OVERHEAD,
+        Kind::Histogram,
+        "Scheduler work per step outside llama.cpp's decode, in seconds.",
+    ),
+    (VLLM_RUNNING, Kind::Gauge, "Number of requests in model execution batches (vLLM's name)."),
+    (VLLM_WAITING, Kind::Gauge, "Number of requests waiting to be processed (vLLM's name)."),
+    (VLLM_KV_USAGE, Kind::Gauge, "KV-cache usage. 1 means 100 percent usage (vLLM's name)."),
+    (VLLM_CACHE_CONFIG, Kind::Gauge, "Information of the KV cache's configuration (vLLM's name)."),
+];
+
+/// The process's Prometheus recorder, with every metric described.
 pub fn handle() -> PrometheusHandle {
-    slotgate_http::prometheus()
+    let handle = slotgate_http::prometheus();
+    static DESCRIBE: std::sync::Once = std::sync::Once::new();
+    DESCRIBE.call_once(|| slotgate_http::describe(DESCRIBED));
+    handle
+}
+
+/// `/metrics` as rendered, less the vLLM-named series when they are not wanted:
+/// their `:` is reserved for recording rules, and Prometheus' linter says so.
+pub fn render(handle: &PrometheusHandle, vllm: bool) -> String {
+    let text = handle.render();
+    if vllm {
+        return text;
+    }
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        let name =
+            line.strip_prefix("# HELP ").or_else(|| line.strip_prefix("# TYPE ")).unwrap_or(line);
+        if !name.starts_with("vllm:") {
+            out.push_str(line);
+        }
+    }
+    out
 }

@@ -163,6 +163,8 @@ pub struct GatewayConfig {
     pub replica_id: Option<String>,
     /// How backends named by DNS (`dns+http://`, `dnssrv+http://`) are resolved.
     pub discovery: DiscoveryConfig,
+    /// Log lines as `text` (coloured only on a terminal) or `json`.
+    pub log_format: slotgate_http::LogFormat,
 }
 
 /// DNS discovery: a backend URL `dns+http://NAME:PORT` stands for every A and
@@ -199,6 +201,7 @@ impl Default for GatewayConfig {
             cors: CorsConfig::default(),
             replica_id: None,
             discovery: DiscoveryConfig::default(),
+            log_format: slotgate_http::LogFormat::Text,
         }
     }
 }
@@ -218,6 +221,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "cors",
     "replica_id",
     "discovery",
+    "log_format",
 ];
 
 /// Command-line flags.
@@ -233,6 +237,9 @@ pub struct Cli {
     /// A backend URL; repeat for several. Added to those of the file.
     #[arg(long = "backend")]
     pub backends: Vec<String>,
+    /// Log lines as `text` or `json` [default: text].
+    #[arg(long, value_enum)]
+    pub log_format: Option<slotgate_http::LogFormat>,
 }
 
 impl GatewayConfig {
@@ -258,6 +265,9 @@ impl GatewayConfig {
         figment = figment.merge(env);
         if let Some(listen) = &cli.listen {
             figment = figment.merge(Serialized::default("listen", listen));
+        }
+        if let Some(format) = cli.log_format {
+            figment = figment.merge(Serialized::default("log_format", format));
         }
         let mut config: Self =
             figment.extract().map_err(|e| GatewayError::Config(e.to_string()))?;
@@ -381,8 +391,10 @@ mod tests {
                 config: Some("gw.toml".into()),
                 listen: Some("127.0.0.1:0".into()),
                 backends: vec!["http://127.0.0.1:8082".into()],
+                log_format: Some(slotgate_http::LogFormat::Json),
             };
             let config = GatewayConfig::load(&cli).unwrap();
+            assert_eq!(config.log_format, slotgate_http::LogFormat::Json, "flag");
             assert_eq!(config.listen, "127.0.0.1:0", "flag over file");
             assert_eq!(config.routing.queue_size, 7, "env over file");
             assert_eq!(config.routing.max_attempts, 4, "file over default");

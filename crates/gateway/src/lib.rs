@@ -19,6 +19,7 @@ pub mod load_metrics;
 pub mod metrics;
 pub mod pool;
 pub mod proxy;
+pub mod recent;
 pub mod retry;
 pub mod routes;
 pub mod server;
@@ -26,6 +27,7 @@ pub mod slot_events;
 pub mod supervisor;
 pub mod target;
 pub mod turns;
+pub mod ui;
 pub mod upstream;
 pub mod usage;
 

@@ -14,9 +14,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    slotgate_http::init_tracing();
     let cli = Cli::parse();
     let config = GatewayConfig::load(&cli)?;
+    slotgate_http::init_tracing(config.log_format);
     let gateway = Gateway::start_from(cli, config, slotgate_http::shutdown_signal())
         .await
         .context("gateway failed to start")?;

@@ -6,11 +6,13 @@ use std::collections::HashMap;
 
 use metrics::{Counter, Histogram};
 use metrics_exporter_prometheus::PrometheusHandle;
+use slotgate_http::MetricKind as Kind;
 
 /// 1 when a backend takes traffic (gauge; `backend`).
 pub const BACKEND_UP: &str = "slotgate_backend_up";
-/// Slots of a backend (gauge; `backend`, `model`).
-pub const SLOTS_TOTAL: &str = "slotgate_backend_slots_total";
+/// Slots of a backend (gauge; `backend`, `model`). Not `_total`: that suffix
+/// is for counters.
+pub const SLOTS: &str = "slotgate_backend_slots";
 /// Busy slots of a backend, this gateway's and others' (gauge; `backend`, `model`).
 pub const SLOTS_BUSY: &str = "slotgate_backend_slots_busy";
 /// Requests waiting for a slot (gauge; `model`).
@@ -33,9 +35,69 @@ pub const DURATION: &str = "slotgate_request_duration_seconds";
 /// From arrival to the first byte of the answer (histogram, seconds; `model`).
 pub const TTFT: &str = "slotgate_time_to_first_token_seconds";
 
-/// The process's Prometheus recorder.
+/// Per-key request counts (counter; `key`).
+pub const KEY_REQUESTS: &str = "slotgate_key_requests_total";
+/// Per-key prompt tokens (counter; `key`).
+pub const KEY_PROMPT_TOKENS: &str = "slotgate_key_prompt_tokens_total";
+/// Per-key completion tokens (counter; `key`).
+pub const KEY_COMPLETION_TOKENS: &str = "slotgate_key_completion_tokens_total";
+/// Per-key refusals (counter; `key`, `reason`).
+pub const KEY_REFUSALS: &str = "slotgate_key_refusals_total";
+/// 1 while the shared limit counters in Redis are reachable (gauge).
+pub const REDIS_UP: &str = "slotgate_limits_redis_up";
+
+/// Every metric with its type and the help text `/metrics` shows for it (as
+/// Prometheus' linter, `promtool check metrics`, asks). The README lists them.
+const DESCRIBED: &[(&str, Kind, &str)] = &[
+    (BACKEND_UP, Kind::Gauge, "1 when the backend takes traffic (healthy, not draining), else 0."),
+    (SLOTS, Kind::Gauge, "Slots of the backend for the model."),
+    (SLOTS_BUSY, Kind::Gauge, "Busy slots of the backend: this gateway's requests and others'."),
+    (QUEUE_DEPTH, Kind::Gauge, "Requests waiting in this gateway for a slot, per model."),
+    (QUEUE_WAIT, Kind::Histogram, "Time requests waited in this gateway for a slot, in seconds."),
+    (
+        REQUESTS,
+        Kind::Counter,
+        "Answers sent, by model, backend (none: the gateway's own) and HTTP status.",
+    ),
+    (ROUTING, Kind::Counter, "Backends chosen, by reason: affinity, spilled or no_affinity."),
+    (
+        BACKEND_PROMPT_TOKENS,
+        Kind::Counter,
+        "Prompt tokens of answers, as each backend reported them.",
+    ),
+    (
+        BACKEND_CACHED_TOKENS,
+        Kind::Counter,
+        "Prompt tokens each backend took from its prompt cache.",
+    ),
+    (RETRIES, Kind::Counter, "Requests sent again to a backend, by reason."),
+    (
+        DURATION,
+        Kind::Histogram,
+        "Time from a request's arrival to the end of its answer, in seconds.",
+    ),
+    (
+        TTFT,
+        Kind::Histogram,
+        "Time from a request's arrival to its answer's first byte, in seconds.",
+    ),
+    (KEY_REQUESTS, Kind::Counter, "Requests admitted, by key name."),
+    (KEY_PROMPT_TOKENS, Kind::Counter, "Prompt tokens charged, by key name."),
+    (KEY_COMPLETION_TOKENS, Kind::Counter, "Completion tokens charged, by key name."),
+    (KEY_REFUSALS, Kind::Counter, "Requests refused by a key's limits, by key name and reason."),
+    (
+        REDIS_UP,
+        Kind::Gauge,
+        "1 while the Redis that shares per-minute limits is reachable, else 0.",
+    ),
+];
+
+/// The process's Prometheus recorder, with every metric described.
 pub fn handle() -> PrometheusHandle {
-    slotgate_http::prometheus()
+    let handle = slotgate_http::prometheus();
+    static DESCRIBE: std::sync::Once = std::sync::Once::new();
+    DESCRIBE.call_once(|| slotgate_http::describe(DESCRIBED));
+    handle
 }
 
 /// Handles of the metrics recorded on every request, looked up once per thread.

@@ -27,6 +27,10 @@ pub enum Failure {
 }
 
 impl Failure {
+    /// Every kind, for counters that start at zero.
+    pub const ALL: [Self; 4] =
+        [Self::SlotUnavailable, Self::Connect, Self::BeforeFirstByte, Self::BrokenBody];
+
     /// The metric label.
     pub fn label(self) -> &'static str {
         match self {

@@ -1,5 +1,6 @@
 //! The gateway's HTTP routes: the OpenAI endpoints (forwarded), `/v1/models`,
-//! `/props`, `/health`, `/metrics` and the admin API (in [`crate::admin`]). Every
+//! `/props`, `/health`, `/metrics`, the admin API (in [`crate::admin`]) and the
+//! dashboard (in [`crate::ui`]). Every
 //! error leaves in the OpenAI envelope, axum's own rejections included. With
 //! client keys configured, the OpenAI endpoints need one; `/health` and
 //! `/metrics` stay open for load balancers and Prometheus.
@@ -159,6 +160,7 @@ fn router(app: Arc<App>, max_body_bytes: usize) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .merge(crate::admin::routes())
+        .merge(crate::ui::routes())
         .fallback(|| async {
             GatewayError::Api(ApiError::new(ErrorType::NotFoundError, "no such endpoint"))
         })
@@ -278,7 +280,7 @@ async fn metrics(State(app): Shared) -> Response {
         metrics::gauge!(m::BACKEND_UP, "backend" => url.clone()).set(up);
         for model in b.models().iter() {
             let labels = [("backend", url.clone()), ("model", model.clone())];
-            metrics::gauge!(m::SLOTS_TOTAL, &labels).set(f64::from(b.slots()));
+            metrics::gauge!(m::SLOTS, &labels).set(f64::from(b.slots()));
             metrics::gauge!(m::SLOTS_BUSY, &labels)
                 .set(f64::from(b.in_flight() + b.foreign_busy()));
         }

@@ -138,6 +138,18 @@ impl Gateway {
             stop.clone(),
         )?;
         discovery.sync(&config.backends);
+        // Counters start at zero, so that rates and dashboards see them before
+        // the first retry or refusal.
+        for failure in crate::retry::Failure::ALL {
+            metrics::counter!(crate::metrics::RETRIES, "reason" => failure.label()).increment(0);
+        }
+        for tenant in live.load().auth.tenants() {
+            for reason in crate::auth::limits::REFUSAL_REASONS {
+                let key = tenant.name.to_string();
+                metrics::counter!(crate::metrics::KEY_REFUSALS, "key" => key, "reason" => reason)
+                    .increment(0);
+            }
+        }
         let reload = Reload::new(
             source,
             config.clone(),

@@ -47,15 +47,65 @@ pub fn rejection_response(status: StatusCode, message: String) -> Response {
     (status, axum::Json(err.into_envelope())).into_response()
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` (default `info`). Stdout is kept for the
-/// one `listening on http://ADDR` line that scripts read.
-pub fn init_tracing() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+/// How log lines are written.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// For people: one line per event, coloured only on a terminal.
+    #[default]
+    Text,
+    /// One JSON object per line, for log shippers (Loki, Elasticsearch, Vector).
+    Json,
+}
+
+/// Logs to stderr in `format`, filtered by `RUST_LOG` (default `info`). Stdout is
+/// kept for the one `listening on http://ADDR` line that scripts read. Colour
+/// codes only where stderr is a terminal: in a file or a pipe they are noise.
+pub fn init_tracing(format: LogFormat) {
+    use std::io::IsTerminal;
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // A second init (tests that start servers in process) keeps the first.
+    let _ = match format {
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).try_init(),
+        LogFormat::Json => {
+            builder.json().flatten_event(true).with_current_span(false).with_ansi(false).try_init()
+        }
+    };
+}
+
+/// What kind of metric a name is, for its `# TYPE` and `# HELP` lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricKind {
+    /// Only goes up (`_total`).
+    Counter,
+    /// Goes up and down.
+    Gauge,
+    /// Observations in buckets.
+    Histogram,
+}
+
+/// Gives each metric in `described` its help text, shown by `/metrics` as
+/// `# HELP` (Prometheus' linter wants one on every metric).
+pub fn describe(described: &[(&'static str, MetricKind, &'static str)]) {
+    for &(name, kind, help) in described {
+        match kind {
+            MetricKind::Counter => metrics::describe_counter!(name, help),
+            MetricKind::Gauge => metrics::describe_gauge!(name, help),
+            MetricKind::Histogram => metrics::describe_histogram!(name, help),
+        }
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -32,7 +32,9 @@ pub use error::{ApiError, ContextSize, ErrorEnvelope, ErrorType, SLOT_UNAVAILABL
 pub use logprobs::{ChoiceLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob};
 pub use models::{Model, ModelList};
 pub use parse::parse_json;
-pub use slots::{ModelSlots, SlotCounts, SlotState, SlotStatus, REPLICA_HEADER, SLOTS_SEQ_HEADER};
+pub use slots::{
+    ModelSlots, SlotCounts, SlotPhase, SlotState, SlotStatus, REPLICA_HEADER, SLOTS_SEQ_HEADER,
+};
 pub use sse::{SseDecoder, SseEvent};
 pub use tokens::{
     ApplyTemplateRequest, ApplyTemplateResponse, DetokenizeRequest, DetokenizeResponse, TokenOut,

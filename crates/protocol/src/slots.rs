@@ -22,6 +22,21 @@ pub struct SlotStatus {
     /// Tokens held in the slot's cache (prompt and generated).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub n_cached: Option<u32>,
+    /// What the slot is doing; llama.cpp's server leaves it out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<SlotPhase>,
+}
+
+/// What a slot is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SlotPhase {
+    /// No request.
+    Idle,
+    /// Reading its request's prompt: no token sampled yet.
+    Prompt,
+    /// Sampling its request's answer.
+    Generating,
 }
 
 fn no_task() -> i64 {

@@ -224,6 +224,7 @@ fn slot_counts_filter_by_model() {
         is_processing: busy,
         model: Some(model.into()),
         n_cached: None,
+        phase: None,
     };
     let slots = [slot(0, "a", true), slot(1, "a", false), slot(0, "b", true)];
     assert_eq!(SlotCounts::of(&slots, Some("a")), SlotCounts { total: 2, busy: 1 });

@@ -226,11 +226,27 @@ impl Worker {
         let models: Vec<ModelSnapshot> = self.models.iter().map(ModelRuntime::snapshot).collect();
         for model in &models {
             let busy = model.slots.iter().filter(|s| s.is_processing).count();
-            metrics::gauge!(m::SLOTS_TOTAL, "model" => model.id.clone())
-                .set(model.slots.len() as f64);
+            metrics::gauge!(m::SLOTS, "model" => model.id.clone()).set(model.slots.len() as f64);
             metrics::gauge!(m::SLOTS_BUSY, "model" => model.id.clone()).set(busy as f64);
             metrics::gauge!(m::QUEUE_DEPTH, "model" => model.id.clone())
                 .set(model.queue_depth as f64);
+            // The same, as vLLM names them, for schedulers that read vLLM's.
+            let cells: u64 = model.slots.iter().map(|s| u64::from(s.n_ctx)).sum();
+            let used: u64 = model.slots.iter().filter_map(|s| s.n_cached).map(u64::from).sum();
+            let name = || ("model_name", model.id.clone());
+            metrics::gauge!(m::VLLM_RUNNING, &[name()]).set(busy as f64);
+            metrics::gauge!(m::VLLM_WAITING, &[name()]).set(model.queue_depth as f64);
+            let usage = if cells == 0 { 0.0 } else { used as f64 / cells as f64 };
+            metrics::gauge!(m::VLLM_KV_USAGE, &[name()]).set(usage.min(1.0));
+            // llama.cpp's KV cells hold one token each: blocks of one.
+            let config = [
+                name(),
+                ("block_size", "1".to_owned()),
+                ("num_gpu_blocks", cells.to_string()),
+                ("cache_dtype", "f16".to_owned()),
+                ("enable_prefix_caching", "True".to_owned()),
+            ];
+            metrics::gauge!(m::VLLM_CACHE_CONFIG, &config).set(1.0);
         }
         let previous = self.snapshot.load();
         let shown: Vec<(String, Vec<i64>, usize)> = models

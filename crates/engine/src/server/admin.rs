@@ -147,8 +147,8 @@ pub async fn slots(
 
 /// `GET /metrics`: Prometheus text.
 pub async fn metrics(State(state): State<AppState>) -> Response {
-    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render())
-        .into_response()
+    let text = crate::metrics::render(&state.metrics, state.config.server.vllm_metrics);
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
 /// Names other servers use for the same settings, accepted in load bodies.

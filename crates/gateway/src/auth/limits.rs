@@ -18,14 +18,11 @@ use slotgate_protocol::{ApiError, ErrorType};
 use super::config::KeyConfig;
 use super::Tenant;
 
-/// Per-key request counts (counter; `key`).
-pub const KEY_REQUESTS: &str = "slotgate_key_requests_total";
-/// Per-key prompt tokens (counter; `key`).
-pub const KEY_PROMPT_TOKENS: &str = "slotgate_key_prompt_tokens_total";
-/// Per-key completion tokens (counter; `key`).
-pub const KEY_COMPLETION_TOKENS: &str = "slotgate_key_completion_tokens_total";
-/// Per-key refusals (counter; `key`, `reason`).
-pub const KEY_REFUSALS: &str = "slotgate_key_refusals_total";
+use crate::metrics::{KEY_COMPLETION_TOKENS, KEY_PROMPT_TOKENS, KEY_REFUSALS, KEY_REQUESTS};
+
+/// Why a key's request may be refused, as the `reason` label of its refusals.
+pub const REFUSAL_REASONS: [&str; 3] =
+    ["max_concurrent", "requests_per_minute", "tokens_per_minute"];
 
 /// A key's limits; `None`: no limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

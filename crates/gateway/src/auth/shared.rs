@@ -15,8 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::limits::Limits;
 
-/// 1 while the shared limit counters in Redis are reachable (gauge).
-pub const REDIS_UP: &str = "slotgate_limits_redis_up";
+use crate::metrics::REDIS_UP;
 
 /// Longest wait for Redis on a request's path before local counters decide.
 const TIMEOUT: Duration = Duration::from_millis(250);

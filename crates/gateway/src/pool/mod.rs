@@ -167,9 +167,14 @@ impl Pool {
         self.queues.depth(model)
     }
 
-    /// Every model with a queue, and its depth.
+    /// Every model served or queued for, and its queue's depth (0 before its
+    /// first wait).
     pub fn queue_depths(&self) -> Vec<(String, usize)> {
-        self.queues.depths()
+        let backends = self.backends.load();
+        let mut depths: std::collections::BTreeMap<String, usize> =
+            backends.iter().flat_map(|b| b.models().to_vec()).map(|m| (m, 0)).collect();
+        depths.extend(self.queues.depths());
+        depths.into_iter().collect()
     }
 
     /// Claims a slot for `model` now, if the policy finds one, avoiding `exclude`;
@@ -236,6 +241,7 @@ impl Pool {
         wait: Wait,
     ) -> Result<Claim, ApiError> {
         if let Some(claim) = self.try_acquire(model, exclude, affinity) {
+            self.queues.served(model, wait.class.tenant);
             return Ok(claim);
         }
         let started = Instant::now();
@@ -262,6 +268,7 @@ impl Pool {
                 if !self.queues.leave(model, ticket.id) {
                     self.queues.wake(model, None);
                 }
+                self.queues.served(model, wait.class.tenant);
                 self.record_wait(model, started);
                 return Ok(claim);
             }
@@ -275,10 +282,13 @@ impl Pool {
                 }
                 Ok(_) => {
                     if let Some(claim) = self.try_acquire(model, exclude, affinity) {
+                        self.queues.served(model, wait.class.tenant);
                         self.record_wait(model, started);
                         return Ok(claim);
                     }
-                    // Someone else took the slot: wait again, at the head of the line.
+                    // Someone else took the slot, or the engine has not shown it
+                    // free yet: wait again, at the head of the line, and with the
+                    // key's turn kept (it was charged only for a slot it got).
                     front = true;
                 }
                 Err(_) => {

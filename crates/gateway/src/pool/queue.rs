@@ -185,11 +185,24 @@ impl Queues {
             let waiter = queue.waiters.remove(at).expect("index is in bounds");
             self.waiting.fetch_sub(1, Ordering::Relaxed);
             if waiter.wake.send(Wake::Look(freed)).is_ok() {
-                queue.turn += 1;
-                queue.served.insert(waiter.class.tenant, queue.turn);
                 return;
             }
         }
+    }
+
+    /// `tenant`'s request was given a slot for `model`, from the queue or at
+    /// once: it goes behind the keys served less recently. Charged for the slot
+    /// and not for the wake-up, because a woken request may find the slot not
+    /// yet free (the engine has not shown it so), and must not then lose its
+    /// turn to the key it was woken ahead of.
+    pub fn served(&self, model: &str, tenant: u32) {
+        let mut queues = self.lock();
+        if !queues.contains_key(model) {
+            queues.insert(model.to_owned(), Queue::default());
+        }
+        let queue = queues.get_mut(model).expect("inserted above");
+        queue.turn += 1;
+        queue.served.insert(tenant, queue.turn);
     }
 
     /// Requests waiting for `model`.
@@ -246,11 +259,13 @@ mod tests {
         Class { priority, tenant }
     }
 
-    /// Wakes one waiter and says whose it was.
+    /// Wakes one waiter, gives it the slot, and says whose it was.
     fn served(q: &Queues, tickets: &mut Vec<(u32, Ticket)>) -> u32 {
         q.wake("m", None);
         let at = tickets.iter_mut().position(|(_, t)| t.woken.try_recv().is_ok()).unwrap();
-        tickets.remove(at).0
+        let tenant = tickets.remove(at).0;
+        q.served("m", tenant);
+        tenant
     }
 
     #[test]
@@ -269,6 +284,25 @@ mod tests {
         // 1 first (all tie, it came first), then 2 and 4 that were never served,
         // then 1 again; batch only when no interactive request is left.
         assert_eq!(order, vec![1, 2, 4, 1, 1, 1, 1, 3]);
+    }
+
+    #[test]
+    fn a_woken_request_that_finds_no_slot_keeps_its_turn() {
+        let q = Queues::default();
+        // Key 1 has a request running and three queued; key 2 has one queued.
+        q.served("m", 1);
+        let mut flood: Vec<Ticket> = (0..3)
+            .map(|_| q.join("m", class(Priority::Interactive, 1), &[], false, 8).unwrap())
+            .collect();
+        let mut other = q.join("m", class(Priority::Interactive, 2), &[], false, 8).unwrap();
+        q.wake("m", Some(0));
+        assert_eq!(other.woken.try_recv().unwrap(), Wake::Look(Some(0)));
+        // The engine has not shown the slot free yet: key 2 waits again, at the
+        // front, and the next wake-up is still its own.
+        let mut again = q.join("m", class(Priority::Interactive, 2), &[], true, 8).unwrap();
+        q.wake("m", Some(0));
+        assert!(flood.iter_mut().all(|t| t.woken.try_recv().is_err()), "key 1 went first");
+        assert_eq!(again.woken.try_recv().unwrap(), Wake::Look(Some(0)));
     }
 
     #[test]

@@ -145,9 +145,10 @@ impl Forwarder {
             tracing::info!(request_id = ?request_id, model, "unknown model");
             return Err(ApiError::model_not_found(model));
         }
-        let mut record = Record::new(model, started);
+        let mut record = Record::new(model, request_id, started);
         let mut wait = Wait { class: Class::default(), deadline: deadline(headers, started)? };
         if let Some(tenant) = &caller.tenant {
+            record.key(tenant.name.clone());
             if !tenant.may_use(&asked, model) {
                 record.refused(403);
                 return Err(ApiError::new(
@@ -183,6 +184,7 @@ impl Forwarder {
                 }
             };
             made += 1;
+            record.attempt();
             let backend = claim.backend.clone();
             tracing::debug!(request_id = ?request_id, model, backend = %backend.url(), made, "forwarding");
             let send = Send { path, headers, body: &body, request_id, pass_key };
@@ -363,6 +365,6 @@ async fn collect(body: hyper::body::Incoming, lease: Lease) -> Result<Bytes, hyp
 fn count_usage(backend: &Backend, record: &mut Record, bytes: &[u8]) {
     if let Some(usage) = crate::usage::scan(bytes) {
         m::prompt_reuse(&backend.url(), usage.prompt, usage.cached);
-        record.tokens(usage.prompt, usage.completion);
+        record.tokens(usage.prompt, usage.completion, usage.cached);
     }
 }

@@ -1,5 +1,6 @@
-//! The one place a request's metrics are recorded: once, when it ends, whichever
-//! way it ends (an answer, an error, a stream that finished or a client that left).
+//! The one place a request's metrics and its access-log line are recorded: once,
+//! when it ends, whichever way it ends (an answer, an error, a stream that
+//! finished or a client that left).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -18,11 +19,17 @@ pub struct Record {
     first_byte: Option<Instant>,
     /// The key's admission, given back (with the tokens) at the end.
     permit: Option<Permit>,
+    /// For the access log: the request's id, its key's name, the backends
+    /// tried, and the tokens the answer reported (prompt, completion, cached).
+    request_id: axum::http::HeaderValue,
+    key: Option<Arc<str>>,
+    attempts: u32,
+    tokens: [u64; 3],
 }
 
 impl Record {
-    /// A request for `model` that arrived at `started`.
-    pub fn new(model: &str, started: Instant) -> Self {
+    /// A request for `model`, numbered `request_id`, that arrived at `started`.
+    pub fn new(model: &str, request_id: &axum::http::HeaderValue, started: Instant) -> Self {
         Self {
             model: model.to_owned(),
             backend: None,
@@ -30,7 +37,16 @@ impl Record {
             started,
             first_byte: None,
             permit: None,
+            request_id: request_id.clone(),
+            key: None,
+            attempts: 0,
+            tokens: [0; 3],
         }
+    }
+
+    /// The request came with the key named `name`.
+    pub fn key(&mut self, name: Arc<str>) {
+        self.key = Some(name);
     }
 
     /// The request was admitted under a key's limits.
@@ -38,8 +54,14 @@ impl Record {
         self.permit = Some(permit);
     }
 
+    /// One more backend was tried.
+    pub fn attempt(&mut self) {
+        self.attempts += 1;
+    }
+
     /// The answer reported these tokens: charged to the key, if any.
-    pub fn tokens(&mut self, prompt: u64, completion: u64) {
+    pub fn tokens(&mut self, prompt: u64, completion: u64, cached: u64) {
+        self.tokens = [prompt, completion, cached];
         if let Some(permit) = &mut self.permit {
             permit.tokens(prompt, completion);
         }
@@ -67,5 +89,30 @@ impl Drop for Record {
             (ttft, self.started.elapsed().as_secs_f64())
         });
         m::request_done(&self.model, backend, self.status, times);
+        let [prompt, completion, cached] = self.tokens;
+        crate::recent::RECENT.ended(
+            &self.model,
+            backend,
+            self.status,
+            self.first_byte.map(|first| first.duration_since(self.started)),
+            self.started.elapsed(),
+            completion,
+        );
+        let ms = |s: f64| (s * 1000.0 * 10.0).round() / 10.0;
+        tracing::info!(
+            target: "slotgate::access",
+            request_id = %String::from_utf8_lossy(self.request_id.as_bytes()),
+            key = self.key.as_deref().unwrap_or("-"),
+            model = %self.model,
+            backend,
+            status = self.status,
+            attempts = self.attempts,
+            prompt_tokens = prompt,
+            completion_tokens = completion,
+            cached_tokens = cached,
+            ttft_ms = times.map_or(0.0, |(ttft, _)| ms(ttft)),
+            duration_ms = ms(self.started.elapsed().as_secs_f64()),
+            "request"
+        );
     }
 }

@@ -19,7 +19,7 @@ use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::LlamaModel;
-use slotgate_protocol::{ApiError, PromptItem, SlotStatus};
+use slotgate_protocol::{ApiError, PromptItem, SlotPhase, SlotStatus};
 
 use super::embed::Embedded;
 use super::host_cache::HostCache;
@@ -262,6 +262,11 @@ impl ModelRuntime {
                 is_processing: s.running.is_some(),
                 model: Some(self.id.clone()),
                 n_cached: Some(s.cache.len() as u32),
+                phase: Some(match &s.running {
+                    None => SlotPhase::Idle,
+                    Some(r) if r.first_token.is_none() => SlotPhase::Prompt,
+                    Some(_) => SlotPhase::Generating,
+                }),
             })
             .collect();
         let mut replicas = std::collections::BTreeMap::new();
