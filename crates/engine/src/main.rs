@@ -7,7 +7,7 @@ use slotgate_engine::{Cli, EngineConfig};
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::try_parse_args(std::env::args_os()).unwrap_or_else(|e| e.exit());
     let config = EngineConfig::load(&cli)?;
-    slotgate_http::init_tracing(config.server.log_format);
+    let _logs = slotgate_http::init_tracing(config.server.log_format);
     let running = slotgate_engine::server::start(config, slotgate_http::shutdown_signal())
         .await
         .context("engine failed to start")?;

@@ -16,7 +16,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let config = GatewayConfig::load(&cli)?;
-    slotgate_http::init_tracing(config.log_format);
+    let _logs = slotgate_http::init_tracing(config.log_format);
     let gateway = Gateway::start_from(cli, config, slotgate_http::shutdown_signal())
         .await
         .context("gateway failed to start")?;

@@ -68,21 +68,39 @@ pub enum LogFormat {
     Json,
 }
 
+/// Keeps the log writer's thread; dropping it (at the end of `main`) writes out
+/// the lines still buffered.
+#[must_use = "logs still buffered are lost when this is dropped"]
+pub struct LogGuard {
+    _writer: Option<tracing_appender::non_blocking::WorkerGuard>,
+}
+
 /// Logs to stderr in `format`, filtered by `RUST_LOG` (default `info`). Stdout is
 /// kept for the one `listening on http://ADDR` line that scripts read. Colour
 /// codes only where stderr is a terminal: in a file or a pipe they are noise.
-pub fn init_tracing(format: LogFormat) {
+///
+/// Lines are written by a thread of their own: the access log writes one per
+/// request, and a slow reader of stderr (a container runtime's log driver, a
+/// full pipe) must not stall the worker thread that serves other connections.
+/// The writer is not lossy: when its buffer (128 000 lines) is full, the next
+/// line waits, as a blocking write would, rather than vanish.
+pub fn init_tracing(format: LogFormat) -> LogGuard {
     use std::io::IsTerminal;
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(false)
+        .thread_name("slotgate-log")
+        .finish(std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer);
     // A second init (tests that start servers in process) keeps the first.
-    let _ = match format {
+    let installed = match format {
         LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).try_init(),
         LogFormat::Json => {
             builder.json().flatten_event(true).with_current_span(false).with_ansi(false).try_init()
         }
     };
+    LogGuard { _writer: installed.ok().map(|()| guard) }
 }
 
 /// What kind of metric a name is, for its `# TYPE` and `# HELP` lines.
