@@ -28,7 +28,7 @@ use crate::live::{Live, LiveCell};
 use crate::metrics as m;
 use crate::pool::{Claim, Class, Pool, Wait};
 use crate::retry::{Failure, Next, Outcome, RetryPolicy};
-use crate::upstream::{Lease, SendError, Upstream};
+use crate::upstream::{Body as UpstreamBody, SendError, Upstream};
 use record::Record;
 use relay::Relay;
 
@@ -250,23 +250,23 @@ impl Forwarder {
         }
         let url = backend.url();
         let posted = self.upstream.post(&url, send.path, extra, send.body.clone());
-        let (upstream, lease) = posted.await.map_err(|e| {
+        let reply = posted.await.map_err(|e| {
             tracing::debug!(error = %e, backend = %backend.url(), "no answer");
             match e {
                 SendError::Connect(_) => Failure::Connect,
                 SendError::Broken(_) | SendError::Uri(_) => Failure::BeforeFirstByte,
             }
         })?;
-        let status = upstream.status();
+        let status = reply.status;
+        let mut upstream = reply.body;
         if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
-            let bytes = collect(upstream.into_body(), lease).await.unwrap_or_default();
+            let bytes = collect(upstream).await.unwrap_or_default();
             if crate::retry::is_refusal(status.as_u16(), &bytes) {
                 backend.mark_full();
                 return Err(Failure::SlotUnavailable);
             }
             return Ok((status, Answer::Whole(bytes)));
         }
-        let mut upstream = upstream.into_body();
         if stream && status.is_success() {
             // A failure before the first chunk is still invisible to the client.
             let first = loop {
@@ -278,9 +278,9 @@ impl Forwarder {
                     _ => return Err(Failure::BeforeFirstByte),
                 }
             };
-            return Ok((status, Answer::Stream { first, upstream, lease, claim }));
+            return Ok((status, Answer::Stream { first, upstream, claim }));
         }
-        let bytes = collect(upstream, lease).await.map_err(|_| Failure::BrokenBody)?;
+        let bytes = collect(upstream).await.map_err(|_| Failure::BrokenBody)?;
         Ok((status, Answer::Whole(bytes)))
     }
 }
@@ -311,9 +311,9 @@ fn deadline(
 enum Answer {
     /// A whole body, read before anything is sent.
     Whole(Bytes),
-    /// A stream whose first chunk has arrived; it keeps the claim and the
-    /// connection.
-    Stream { first: Bytes, upstream: hyper::body::Incoming, lease: Lease, claim: Claim },
+    /// A stream whose first chunk has arrived; it keeps the claim, and its body
+    /// the connection.
+    Stream { first: Bytes, upstream: UpstreamBody, claim: Claim },
 }
 
 impl Answer {
@@ -339,9 +339,9 @@ impl Answer {
                 }
                 response
             }
-            Self::Stream { first, upstream, lease, claim } => {
+            Self::Stream { first, upstream, claim } => {
                 let strip = strip_usage.then(strip::UsageStrip::default);
-                let relay = Relay::new(first, upstream, lease, claim, record, strip);
+                let relay = Relay::new(first, upstream, claim, record, strip);
                 let mut response = Response::new(Body::new(relay));
                 *response.status_mut() = status;
                 let h = response.headers_mut();
@@ -354,10 +354,8 @@ impl Answer {
 }
 
 /// Reads a whole answer; its connection is then pooled again.
-async fn collect(body: hyper::body::Incoming, lease: Lease) -> Result<Bytes, hyper::Error> {
-    let bytes = body.collect().await?.to_bytes();
-    lease.release();
-    Ok(bytes)
+async fn collect(body: UpstreamBody) -> Result<Bytes, crate::upstream::BodyError> {
+    Ok(body.collect().await?.to_bytes())
 }
 
 /// Counts the usage that `backend` reported in an answer or chunk: its

@@ -1,9 +1,9 @@
 //! A stream being relayed to the client, frame by frame, as an HTTP body of its
 //! own (no stream adapters in between). It holds the slot's claim and the
 //! request's metrics record, so both end when it is dropped: at the end of the
-//! stream or when the client goes away. A stream read to its end gives its
-//! connection back to the pool; one cut short drops it, and the closed connection
-//! tells the engine to free its slot.
+//! stream or when the client goes away. The upstream body gives its connection
+//! back to the pool when read to its end; one cut short closes it, which tells
+//! the engine to free its slot.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -11,20 +11,17 @@ use std::task::{Context, Poll};
 
 use axum::body::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use slotgate_protocol::{sse, ApiError, ErrorType};
 
 use super::record::Record;
 use super::strip::UsageStrip;
 use crate::pool::Claim;
-use crate::upstream::Lease;
+use crate::upstream::Body as Upstream;
 
 /// The rest of an upstream stream whose first chunk has arrived.
 pub struct Relay {
     first: Option<Bytes>,
-    upstream: Incoming,
-    /// Taken when the stream ends cleanly, to pool the connection again.
-    lease: Option<Lease>,
+    upstream: Upstream,
     claim: Claim,
     record: Record,
     /// Takes out the usage event that the gateway asked for, not the client.
@@ -38,17 +35,15 @@ impl Relay {
     /// Relays `first`, then the rest of `upstream`.
     pub fn new(
         first: Bytes,
-        upstream: Incoming,
-        lease: Lease,
+        upstream: Upstream,
         claim: Claim,
         record: Record,
         strip: Option<UsageStrip>,
     ) -> Self {
-        let lease = Some(lease);
         // A stream with an event taken out cannot keep its declared length.
         let sized = upstream.size_hint().exact().is_some() && strip.is_none();
         let mut relay =
-            Self { first: None, upstream, lease, claim, record, strip, ended: false, sized };
+            Self { first: None, upstream, claim, record, strip, ended: false, sized };
         relay.first = Some(relay.pass(first));
         relay
     }
@@ -65,12 +60,10 @@ impl Relay {
 }
 
 impl Relay {
-    /// The upstream answer is read to its end: its connection can serve another.
+    /// The upstream answer is read to its end (its body has pooled the
+    /// connection again).
     fn finish(&mut self) {
         self.ended = true;
-        if let Some(lease) = self.lease.take() {
-            lease.release();
-        }
     }
 }
 
