@@ -42,8 +42,7 @@ impl Relay {
     ) -> Self {
         // A stream with an event taken out cannot keep its declared length.
         let sized = upstream.size_hint().exact().is_some() && strip.is_none();
-        let mut relay =
-            Self { first: None, upstream, claim, record, strip, ended: false, sized };
+        let mut relay = Self { first: None, upstream, claim, record, strip, ended: false, sized };
         relay.first = Some(relay.pass(first));
         relay
     }

@@ -127,7 +127,8 @@ fn parse_head(buf: &[u8]) -> Result<Option<(usize, Head)>, HeadError> {
     for header in response.headers.iter() {
         let name = header.name;
         if name.eq_ignore_ascii_case("content-length") {
-            let n = parse_length(header.value).ok_or_else(|| broken("bad content-length".into()))?;
+            let n =
+                parse_length(header.value).ok_or_else(|| broken("bad content-length".into()))?;
             if length.is_some_and(|l| l != n) {
                 return Err(broken("conflicting content-length".into()));
             }
@@ -355,7 +356,8 @@ mod tests {
         assert_eq!((h.status.as_u16(), h.framing, h.keep), (200, Framing::Length(12), true));
         let h = head("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n");
         assert_eq!((h.framing, h.keep), (Framing::Chunked(Chunk::Size), true));
-        let h = head("HTTP/1.1 200 OK\r\nconnection: keep-alive, close\r\ncontent-length: 1\r\n\r\n");
+        let h =
+            head("HTTP/1.1 200 OK\r\nconnection: keep-alive, close\r\ncontent-length: 1\r\n\r\n");
         assert!(!h.keep);
         let h = head("HTTP/1.1 200 OK\r\n\r\n");
         assert_eq!((h.framing, h.keep), (Framing::Close, false));

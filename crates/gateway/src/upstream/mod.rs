@@ -25,8 +25,8 @@ use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-pub use answer::{Body, BodyError};
 use answer::{read_head, HeadError};
+pub use answer::{Body, BodyError};
 
 use crate::config::Routing;
 
@@ -342,7 +342,8 @@ mod tests {
                         let length = end.map(|end| {
                             let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
                             assert!(head.starts_with("post /v1/"), "{head}");
-                            let value = head.lines().find_map(|l| l.strip_prefix("content-length:"));
+                            let value =
+                                head.lines().find_map(|l| l.strip_prefix("content-length:"));
                             (end + 4, value.unwrap().trim().parse::<usize>().unwrap())
                         });
                         match length {
@@ -461,7 +462,9 @@ mod tests {
         assert_eq!((host.addr.as_str(), host.prefix.as_str()), ("[::1]:9", "/api"));
         assert_eq!(host.authority, "[::1]:9");
         assert_eq!(Host::parse("http://engine", t).unwrap().addr, "engine:80");
-        for bad in ["https://x:1", "x:1", "http://", "http://u:p@x:1", "http://x:1/a b", "http://x/p?q"] {
+        for bad in
+            ["https://x:1", "x:1", "http://", "http://u:p@x:1", "http://x:1/a b", "http://x/p?q"]
+        {
             assert!(Host::parse(bad, t).is_err(), "{bad}");
         }
     }
