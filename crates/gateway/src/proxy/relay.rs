@@ -58,14 +58,6 @@ impl Relay {
     }
 }
 
-impl Relay {
-    /// The upstream answer is read to its end (its body has pooled the
-    /// connection again).
-    fn finish(&mut self) {
-        self.ended = true;
-    }
-}
-
 impl Body for Relay {
     type Data = Bytes;
     type Error = Infallible;
@@ -80,7 +72,7 @@ impl Body for Relay {
         }
         if let Some(first) = this.first.take() {
             if this.upstream.is_end_stream() {
-                this.finish();
+                this.ended = true;
             }
             return Poll::Ready(Some(Ok(Frame::data(first))));
         }
@@ -92,7 +84,7 @@ impl Body for Relay {
                     let data = this.pass(data);
                     if this.upstream.is_end_stream() {
                         // The declared length is read: hyper will not poll again.
-                        this.finish();
+                        this.ended = true;
                     }
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
@@ -112,7 +104,7 @@ impl Body for Relay {
                     return Poll::Ready(Some(Ok(Frame::data(event))));
                 }
                 Poll::Ready(None) => {
-                    this.finish();
+                    this.ended = true;
                     let rest = this.strip.as_mut().and_then(UsageStrip::finish);
                     return Poll::Ready(rest.map(|b| Ok(Frame::data(b))));
                 }

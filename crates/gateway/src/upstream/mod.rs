@@ -440,6 +440,7 @@ mod tests {
         let upstream = upstream();
         for _ in 0..2 {
             assert_eq!(&post(&upstream, &base).await.unwrap()[..], b"all of it");
+            assert!(lock(&upstream.host(&base).unwrap().idle).is_empty(), "pooled");
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
