@@ -3,6 +3,7 @@
 //! scheduler puts the grammar first in the choice's sampler chain, so every
 //! token sampled keeps the output inside it.
 
+mod gbnf;
 pub mod schema;
 
 use serde_json::Value;
@@ -16,7 +17,7 @@ pub fn grammar(
 ) -> Result<Option<String>, ApiError> {
     let format = match response_format.map(|f| f.kind.as_str()) {
         None | Some("text") => None,
-        Some("json_object") => Some(("response_format", schema::any_object())),
+        Some("json_object") => Some(("response_format", gbnf::any_object())),
         Some("json_schema") => {
             let format = response_format.expect("matched above");
             let schema =

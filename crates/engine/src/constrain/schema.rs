@@ -12,6 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Map, Value};
 
+use super::gbnf::{group, literal, sanitize, PRIMITIVES};
+
 /// A schema, or a part of it, that the converter cannot enforce.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SchemaError {
@@ -30,25 +32,6 @@ impl std::fmt::Display for SchemaError {
         }
     }
 }
-
-/// The rules every grammar shares: any JSON value, compact.
-const PRIMITIVES: &str = r#"ws ::= " "?
-char ::= [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})
-string ::= "\"" char* "\""
-int ::= "-"? ([0-9] | [1-9] [0-9]{1,15})
-uint ::= [0-9] | [1-9] [0-9]{1,15}
-number ::= int ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?
-unumber ::= uint ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?
-boolean ::= "true" | "false"
-null ::= "null"
-value ::= object | array | string | number | boolean | null
-object ::= "{" ws (string ws ":" ws value ws ("," ws string ws ":" ws value ws)*)? "}"
-array ::= "[" ws (value ws ("," ws value ws)*)? "]"
-date ::= [0-9]{4} "-" ("0" [1-9] | "1" [0-2]) "-" ("0" [1-9] | [1-2] [0-9] | "3" [0-1])
-time ::= ([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9] ":" [0-5] [0-9] ("." [0-9]{1,6})? ("Z" | [+-] ([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9])
-hex ::= [0-9a-fA-F]
-uuid ::= hex{8} "-" hex{4} "-" hex{4} "-" hex{4} "-" hex{12}
-"#;
 
 /// Keywords that constrain a value in ways this converter does not enforce: a
 /// schema that uses one is refused rather than quietly loosened.
@@ -81,30 +64,6 @@ pub fn to_gbnf(schema: &Value) -> Result<String, SchemaError> {
     let mut builder = Builder { root: schema, rules: BTreeMap::new(), refs: BTreeSet::new() };
     let body = builder.visit(schema, "")?;
     Ok(builder.finish(&body))
-}
-
-/// The grammar of any JSON object (`response_format: json_object`).
-pub fn any_object() -> String {
-    format!("root ::= object\n{PRIMITIVES}")
-}
-
-/// A GBNF string literal matching exactly `text`.
-pub fn literal(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 2);
-    out.push('"');
-    for c in text.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\x{:02X}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
 }
 
 /// A GBNF literal matching `value` written as compact JSON.
@@ -397,33 +356,13 @@ fn count(map: &Map<String, Value>, keyword: &str) -> Result<Option<u64>, String>
     }
 }
 
-fn group(alternatives: &[String]) -> String {
-    if alternatives.len() == 1 {
-        alternatives[0].clone()
-    } else {
-        format!("({})", alternatives.join(" | "))
-    }
-}
-
+/// `part` below `path`, as a dotted path.
 fn join(path: &str, part: &str) -> String {
     if path.is_empty() {
         part.to_owned()
     } else {
         format!("{path}.{part}")
     }
-}
-
-/// `text` as a rule name: letters, digits and dashes.
-fn sanitize(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if c.is_ascii_alphanumeric() {
-            out.push(c);
-        } else if !out.ends_with('-') {
-            out.push('-');
-        }
-    }
-    out.trim_matches('-').to_owned()
 }
 
 #[cfg(test)]
@@ -513,12 +452,5 @@ mod tests {
             assert_eq!(err.path, path, "{schema}: {err}");
             assert!(err.message.contains(needle), "{schema}: {err}");
         }
-    }
-
-    #[test]
-    fn literals_escape_what_gbnf_reads_specially() {
-        assert_eq!(literal("a\"b\\c\nd"), r#""a\"b\\c\nd""#);
-        assert_eq!(literal("\u{1}"), r#""\x01""#);
-        assert_eq!(sanitize("/$defs/My Thing"), "defs-My-Thing");
     }
 }

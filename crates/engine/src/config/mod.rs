@@ -6,160 +6,23 @@
 //! the documentation. [`Cli`] records which flags were given, so that only those
 //! override the file and the environment.
 
+mod model;
+mod server;
+
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::parser::ValueSource;
-use clap::{ArgAction, Args, CommandFactory, FromArgMatches, Parser};
+use clap::{Args, CommandFactory, FromArgMatches, Parser};
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::value::{Dict, Map, Tag};
 use figment::{Figment, Metadata, Profile, Provider};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::error::EngineError;
-use crate::template::ChatTemplate;
 
-/// Everything one model needs to be served: the file and its slots, queue and
-/// template. `POST /v1/models/load` takes the same fields.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Args)]
-#[serde(default, deny_unknown_fields)]
-pub struct ModelSettings {
-    /// Path of the GGUF model file.
-    #[arg(long, short = 'm')]
-    pub model: Option<PathBuf>,
-    /// The name clients send [default: the file name without .gguf].
-    #[arg(long)]
-    pub model_id: Option<String>,
-    /// Other names clients may send for this model (`gpt-4o-mini`, say); each is
-    /// listed in `/v1/models` and answered as the model.
-    #[arg(long = "alias", value_delimiter = ',')]
-    pub aliases: Vec<String>,
-    /// Context of each slot, in tokens.
-    #[arg(long, default_value_t = 4096)]
-    pub ctx_len: u32,
-    /// Number of slots: requests decoded together.
-    #[arg(long, default_value_t = 4)]
-    pub n_parallel: u32,
-    /// Admit new requests while others are still reading their prompts.
-    #[arg(long, default_value_t = true, action = ArgAction::Set)]
-    pub cont_batching: bool,
-    /// Layers offloaded to the GPU (needs the `cuda` feature).
-    #[arg(long, default_value_t = 0)]
-    pub ngl: u32,
-    /// CPU threads for decoding [default: every core].
-    #[arg(long)]
-    pub threads: Option<u32>,
-    /// Most tokens decoded in one step (prompt chunks included).
-    #[arg(long, default_value_t = 512)]
-    pub batch_size: u32,
-    /// Requests that may wait for a slot; 0 means none wait.
-    #[arg(long, default_value_t = 64)]
-    pub queue_size: u32,
-    /// How long a request may wait for a slot, in milliseconds.
-    #[arg(long, default_value_t = 30_000)]
-    pub queue_timeout_ms: u64,
-    /// `auto`, a built-in name (`gemma`, `chatml`, `llama3`), `jinja` for the
-    /// GGUF's own template rendered as Jinja, or `model` for the GGUF's template
-    /// through llama.cpp's detection. `auto` is `jinja` when the GGUF has a
-    /// template. Ignored when `chat_template_file` or the three prompts are set.
-    #[arg(long, default_value = "auto")]
-    pub chat_template: String,
-    /// A Jinja chat template to render conversations with, from this file.
-    #[arg(long)]
-    pub chat_template_file: Option<PathBuf>,
-    /// Nitro's template form: text before the system message.
-    #[arg(long)]
-    pub pre_prompt: Option<String>,
-    /// Nitro's template form: text before each user message.
-    #[arg(long)]
-    pub user_prompt: Option<String>,
-    /// Nitro's template form: text before each assistant message.
-    #[arg(long)]
-    pub ai_prompt: Option<String>,
-    /// Serve `/v1/embeddings` for this model.
-    #[arg(long, default_value_t = false, action = ArgAction::Set)]
-    pub embedding: bool,
-    /// Share of a prompt that an idle slot's cache must hold for the slot to be
-    /// reused for it (llama-server's `--slot-prompt-similarity`); 0 takes any
-    /// shared prefix.
-    #[arg(long, default_value_t = 0.1)]
-    pub slot_prompt_similarity: f32,
-    /// Host memory, in MiB, for the KV states of conversations that had to leave
-    /// their slot (llama-server's `--cache-ram`); 0 disables it.
-    #[arg(long, default_value_t = 8192)]
-    pub cache_ram_mib: u64,
-}
-
-impl Default for ModelSettings {
-    fn default() -> Self {
-        defaults()
-    }
-}
-
-/// Where the engine listens and how it answers, apart from any model.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Args)]
-#[serde(default, deny_unknown_fields)]
-pub struct ServerSettings {
-    /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1")]
-    pub host: String,
-    /// Port to listen on; 0 picks a free one.
-    #[arg(long, default_value_t = 8081)]
-    pub port: u16,
-    /// Largest request body accepted, in bytes.
-    #[arg(long, default_value_t = 4 * 1024 * 1024)]
-    pub max_body_bytes: usize,
-    /// On SIGTERM, how long running requests may take to finish, in milliseconds;
-    /// what still runs then is cut off.
-    #[arg(long, default_value_t = 30_000)]
-    pub drain_timeout_ms: u64,
-    /// While a streamed request waits for a slot or reads its prompt, an SSE
-    /// comment is sent this often (milliseconds), so that proxies with idle
-    /// timeouts keep the stream open; 0 sends none. Until the first one is sent
-    /// the answer can still be a plain 503 that a gateway retries elsewhere.
-    #[arg(long, default_value_t = 10_000)]
-    pub sse_keepalive_ms: u64,
-    /// The environment variable holding the admin key. When set, loading and
-    /// unloading models and the detail of `/slots` (what each slot holds) need
-    /// it, as `Authorization: Bearer KEY`. A gateway gives the engines it
-    /// starts a key of its own.
-    #[arg(long)]
-    pub admin_key_env: Option<String>,
-    /// When set, models may be loaded at run time only from files under this
-    /// directory.
-    #[arg(long)]
-    pub models_dir: Option<PathBuf>,
-    /// Log lines as `text` (coloured only on a terminal) or `json` (one object
-    /// per line, for log shippers).
-    #[arg(long, value_enum, default_value = "text")]
-    pub log_format: slotgate_http::LogFormat,
-    /// Also export the load under vLLM's metric names (`vllm:num_requests_running`,
-    /// `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`,
-    /// `vllm:cache_config_info`), which the Gateway API Inference Extension and
-    /// llm-d schedule on. Prometheus' linter objects to their `:`.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    pub vllm_metrics: bool,
-}
-
-impl ServerSettings {
-    /// The admin key's SHA-256, when one is configured; an unset variable is an error.
-    pub fn admin_key(&self) -> Result<Option<[u8; 32]>, EngineError> {
-        let Some(var) = &self.admin_key_env else { return Ok(None) };
-        match std::env::var(var) {
-            Ok(key) if !key.is_empty() => Ok(Some(slotgate_http::keys::digest(key.as_bytes()))),
-            _ => Err(EngineError::Setting {
-                field: "admin_key_env".into(),
-                reason: format!("the variable `{var}` is not set"),
-            }),
-        }
-    }
-}
-
-impl Default for ServerSettings {
-    fn default() -> Self {
-        defaults()
-    }
-}
+pub use model::{ModelSettings, TemplateChoice};
+pub use server::ServerSettings;
 
 /// The defaults of a group of settings: their flags parsed from an empty command line.
 fn defaults<T: Args + FromArgMatches>() -> T {
@@ -178,133 +41,6 @@ fn keys<T: Args>() -> BTreeSet<String> {
         .get_arguments()
         .map(|arg| arg.get_id().as_str().to_owned())
         .collect()
-}
-
-/// A chat template as configured, before the model's metadata is known.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TemplateChoice {
-    /// Pick from the model's metadata.
-    Auto,
-    /// This one.
-    Fixed(ChatTemplate),
-}
-
-impl ModelSettings {
-    /// Checks every field; the error names the field and the reason.
-    pub fn validate(&self) -> Result<(), EngineError> {
-        let bad =
-            |field: &str, reason: String| Err(EngineError::Setting { field: field.into(), reason });
-        match &self.model {
-            None => return bad("model", "a model path is required".into()),
-            Some(path) if !path.is_file() => {
-                return bad("model", format!("{} is not a readable file", path.display()));
-            }
-            Some(_) => {}
-        }
-        if self.model_id.as_deref().is_some_and(str::is_empty) {
-            return bad("model_id", "must not be empty".into());
-        }
-        if let Some(alias) = self.aliases.iter().find(|a| a.is_empty() || **a == self.id()) {
-            return bad("aliases", format!("`{alias}` is empty or the model's own name"));
-        }
-        if !(1..=256).contains(&self.n_parallel) {
-            return bad(
-                "n_parallel",
-                format!("must be between 1 and 256, got {}", self.n_parallel),
-            );
-        }
-        if self.ctx_len < 32 {
-            return bad("ctx_len", format!("must be at least 32, got {}", self.ctx_len));
-        }
-        if self.batch_size < 1 {
-            return bad("batch_size", "must be at least 1".into());
-        }
-        // llama.cpp reserves one output per sequence in every batch, and aborts
-        // the whole process (`GGML_ASSERT(n_outputs_max <= cparams.n_outputs_max)`)
-        // when a batch cannot hold one token of each slot.
-        if self.batch_size < self.n_parallel {
-            return bad(
-                "batch_size",
-                format!(
-                    "must be at least n_parallel ({}), since each step decodes one token of \
-                     every slot; got {}",
-                    self.n_parallel, self.batch_size
-                ),
-            );
-        }
-        if !(0.0..=1.0).contains(&self.slot_prompt_similarity) {
-            return bad(
-                "slot_prompt_similarity",
-                format!("must be between 0 and 1, got {}", self.slot_prompt_similarity),
-            );
-        }
-        if self.threads == Some(0) {
-            return bad("threads", "must be at least 1".into());
-        }
-        if let Some(file) = self.chat_template_file.as_ref().filter(|f| !f.is_file()) {
-            return bad("chat_template_file", format!("{} is not a readable file", file.display()));
-        }
-        let prompts = [&self.pre_prompt, &self.user_prompt, &self.ai_prompt];
-        let set = prompts.iter().filter(|p| p.is_some()).count();
-        if set != 0 && set != 3 {
-            return bad("user_prompt", "pre_prompt, user_prompt and ai_prompt go together".into());
-        }
-        if set == 0
-            && self.chat_template != "auto"
-            && ChatTemplate::by_name(&self.chat_template).is_none()
-        {
-            return bad(
-                "chat_template",
-                format!(
-                    "unknown template `{}`; expected one of {}",
-                    self.chat_template,
-                    ChatTemplate::NAMES
-                ),
-            );
-        }
-        Ok(())
-    }
-
-    /// The path of the model file. Call after [`ModelSettings::validate`].
-    pub fn path(&self) -> &Path {
-        self.model.as_deref().unwrap_or(Path::new(""))
-    }
-
-    /// The name clients send: `model_id`, or the file name without `.gguf`.
-    pub fn id(&self) -> String {
-        if let Some(id) = &self.model_id {
-            return id.clone();
-        }
-        let name = self.path().file_name().and_then(|n| n.to_str()).unwrap_or("model");
-        name.strip_suffix(".gguf").unwrap_or(name).to_owned()
-    }
-
-    /// The chat template asked for.
-    pub fn template(&self) -> TemplateChoice {
-        if let (Some(pre), Some(user), Some(ai)) =
-            (&self.pre_prompt, &self.user_prompt, &self.ai_prompt)
-        {
-            return TemplateChoice::Fixed(ChatTemplate::Prompts {
-                pre_prompt: pre.clone(),
-                user_prompt: user.clone(),
-                ai_prompt: ai.clone(),
-            });
-        }
-        if self.chat_template_file.is_some() {
-            return TemplateChoice::Fixed(ChatTemplate::Jinja);
-        }
-        match ChatTemplate::by_name(&self.chat_template) {
-            Some(t) => TemplateChoice::Fixed(t),
-            None => TemplateChoice::Auto,
-        }
-    }
-
-    /// Decoding threads: `threads`, or every core.
-    pub fn threads(&self) -> u32 {
-        self.threads.unwrap_or_else(|| {
-            std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(4)
-        })
-    }
 }
 
 /// The whole engine's settings: how it serves, and the model it starts with.
@@ -449,6 +185,8 @@ impl Provider for Only<'_> {
 // figment's Jail returns its large error type from the test closures.
 #[allow(clippy::result_large_err)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     fn cli(args: &[&str]) -> Cli {

@@ -1,0 +1,74 @@
+//! Where the engine listens and how it answers, apart from any model.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
+use super::defaults;
+use crate::error::EngineError;
+
+/// Where the engine listens and how it answers, apart from any model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Args)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerSettings {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on; 0 picks a free one.
+    #[arg(long, default_value_t = 8081)]
+    pub port: u16,
+    /// Largest request body accepted, in bytes.
+    #[arg(long, default_value_t = 4 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+    /// On SIGTERM, how long running requests may take to finish, in milliseconds;
+    /// what still runs then is cut off.
+    #[arg(long, default_value_t = 30_000)]
+    pub drain_timeout_ms: u64,
+    /// While a streamed request waits for a slot or reads its prompt, an SSE
+    /// comment is sent this often (milliseconds), so that proxies with idle
+    /// timeouts keep the stream open; 0 sends none. Until the first one is sent
+    /// the answer can still be a plain 503 that a gateway retries elsewhere.
+    #[arg(long, default_value_t = 10_000)]
+    pub sse_keepalive_ms: u64,
+    /// The environment variable holding the admin key. When set, loading and
+    /// unloading models and the detail of `/slots` (what each slot holds) need
+    /// it, as `Authorization: Bearer KEY`. A gateway gives the engines it
+    /// starts a key of its own.
+    #[arg(long)]
+    pub admin_key_env: Option<String>,
+    /// When set, models may be loaded at run time only from files under this
+    /// directory.
+    #[arg(long)]
+    pub models_dir: Option<PathBuf>,
+    /// Log lines as `text` (coloured only on a terminal) or `json` (one object
+    /// per line, for log shippers).
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: slotgate_http::LogFormat,
+    /// Also export the load under vLLM's metric names (`vllm:num_requests_running`,
+    /// `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`,
+    /// `vllm:cache_config_info`), which the Gateway API Inference Extension and
+    /// llm-d schedule on. Prometheus' linter objects to their `:`.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub vllm_metrics: bool,
+}
+
+impl ServerSettings {
+    /// The admin key's SHA-256, when one is configured; an unset variable is an error.
+    pub fn admin_key(&self) -> Result<Option<[u8; 32]>, EngineError> {
+        let Some(var) = &self.admin_key_env else { return Ok(None) };
+        match std::env::var(var) {
+            Ok(key) if !key.is_empty() => Ok(Some(slotgate_http::keys::digest(key.as_bytes()))),
+            _ => Err(EngineError::Setting {
+                field: "admin_key_env".into(),
+                reason: format!("the variable `{var}` is not set"),
+            }),
+        }
+    }
+}
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        defaults()
+    }
+}
