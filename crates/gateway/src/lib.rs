@@ -24,12 +24,14 @@ pub mod retry;
 pub mod routes;
 pub mod server;
 pub mod slot_events;
+pub mod spread;
 pub mod supervisor;
 pub mod target;
 pub mod turns;
 pub mod ui;
 pub mod upstream;
 pub mod usage;
+pub mod workers;
 
 pub use config::{Cli, GatewayConfig};
 pub use error::GatewayError;

@@ -45,6 +45,9 @@ pub const KEY_COMPLETION_TOKENS: &str = "slotgate_key_completion_tokens_total";
 pub const KEY_REFUSALS: &str = "slotgate_key_refusals_total";
 /// 1 while the shared limit counters in Redis are reachable (gauge).
 pub const REDIS_UP: &str = "slotgate_limits_redis_up";
+/// Open client connections of each worker thread (gauge; `worker`, bounded by
+/// the configured worker count).
+pub const WORKER_CONNECTIONS: &str = "slotgate_worker_connections";
 
 /// Every metric with its type and the help text `/metrics` shows for it (as
 /// Prometheus' linter, `promtool check metrics`, asks). The README lists them.
@@ -90,6 +93,7 @@ const DESCRIBED: &[(&str, Kind, &str)] = &[
         Kind::Gauge,
         "1 while the Redis that shares per-minute limits is reachable, else 0.",
     ),
+    (WORKER_CONNECTIONS, Kind::Gauge, "Open client connections of each worker thread."),
 ];
 
 /// The process's Prometheus recorder, with every metric described.

@@ -41,6 +41,8 @@ pub struct App {
     pub forwarder: Forwarder,
     /// Renders `/metrics`.
     pub metrics: PrometheusHandle,
+    /// Open connections per worker thread, for `/metrics`.
+    pub spread: std::sync::Arc<crate::spread::Spread>,
 }
 
 /// The routes' state.
@@ -287,6 +289,9 @@ async fn metrics(State(app): Shared) -> Response {
     }
     for (model, depth) in pool.queue_depths() {
         metrics::gauge!(m::QUEUE_DEPTH, "model" => model).set(depth as f64);
+    }
+    for (worker, open) in app.spread.open().into_iter().enumerate() {
+        metrics::gauge!(m::WORKER_CONNECTIONS, "worker" => worker.to_string()).set(open as f64);
     }
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], app.metrics.render())
         .into_response()

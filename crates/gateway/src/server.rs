@@ -6,8 +6,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -23,10 +21,8 @@ use crate::discovery::Discovery;
 use crate::error::GatewayError;
 use crate::live::{Live, LiveCell};
 use crate::pool::Pool;
-use crate::proxy::Forwarder;
 use crate::retry::RetryPolicy;
-use crate::routes::{App, Routes};
-use crate::upstream::Upstream;
+use crate::workers::{spawn_workers, worker_count, Common};
 
 /// A running gateway. Not `Clone`: it owns the shutdown of everything it started.
 pub struct Gateway {
@@ -261,134 +257,6 @@ async fn reload_on_hangup(reload: Reload, stop: CancellationToken) {
     }
 }
 
-/// What every worker thread serves with.
-struct Common {
-    pool: Arc<Pool>,
-    routing: crate::config::Routing,
-    retry: Arc<RetryPolicy>,
-    metrics: metrics_exporter_prometheus::PrometheusHandle,
-    max_body_bytes: usize,
-    live: LiveCell,
-    book: Arc<UsageBook>,
-    reload: Reload,
-    replica: axum::http::HeaderValue,
-    draining: CancellationToken,
-    cut_off: CancellationToken,
-}
-
-/// `workers`, or one per core.
-fn worker_count(workers: usize) -> usize {
-    if workers > 0 {
-        return workers;
-    }
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
-/// Starts `count` threads, each with a single-threaded runtime that accepts on
-/// the one listening socket and serves its connections with its own client to the
-/// backends. A request then stays on the thread that accepted it, from the
-/// client's socket to the backend's and back: no hand-off between threads per
-/// request, which on a multi-threaded runtime cost a fifth of the proxy's time in
-/// wake-ups (see BENCHMARKS.md). The pool, the retry budget and the metrics are
-/// shared. The receiver resolves when every thread has stopped.
-fn spawn_workers(
-    listener: std::net::TcpListener,
-    shared: Arc<Common>,
-    count: usize,
-) -> std::io::Result<tokio::sync::oneshot::Receiver<std::io::Result<()>>> {
-    listener.set_nonblocking(true)?;
-    let mut threads = Vec::with_capacity(count);
-    for i in 0..count {
-        let listener = listener.try_clone()?;
-        let shared = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("gateway-{i}"))
-            .spawn(move || serve_worker(listener, &shared))?;
-        threads.push(thread);
-    }
-    let (done, workers) = tokio::sync::oneshot::channel();
-    std::thread::spawn(move || {
-        let mut result = Ok(());
-        for thread in threads {
-            match thread.join() {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => result = Err(e),
-                Err(_) => result = Err(std::io::Error::other("a worker thread panicked")),
-            }
-        }
-        let _ = done.send(result);
-    });
-    Ok(workers)
-}
-
-/// One worker thread: serves until the drain ends or is cut off.
-fn serve_worker(listener: std::net::TcpListener, shared: &Common) -> std::io::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    runtime.block_on(async {
-        let listener = TcpListener::from_std(listener)?;
-        let forwarder = Forwarder::new(
-            shared.pool.clone(),
-            Upstream::new(&shared.routing, shared.replica.clone()),
-            shared.retry.clone(),
-            shared.live.clone(),
-            shared.book.clone(),
-        );
-        let app = Arc::new(App {
-            reload: shared.reload.clone(),
-            forwarder,
-            metrics: shared.metrics.clone(),
-        });
-        let routes = Routes::new(app, shared.max_body_bytes);
-        let connections = GracefulShutdown::new();
-        tokio::select! {
-            () = accept(&listener, &routes, &connections) => {}
-            () = shared.draining.cancelled() => {}
-            // Dropping the runtime below drops the connections still open.
-            () = shared.cut_off.cancelled() => return Ok(()),
-        }
-        // Stop accepting; finish the requests in flight, close idle connections.
-        drop(listener);
-        tokio::select! {
-            () = connections.shutdown() => {}
-            () = shared.cut_off.cancelled() => {}
-        }
-        Ok(())
-    })
-}
-
-/// Accepts connections and serves each in a task of this thread, as HTTP/1.1
-/// with no Nagle delay (a stream's small events go out at once).
-async fn accept(listener: &TcpListener, routes: &Routes, connections: &GracefulShutdown) {
-    loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            // One client's connection went away before it was taken: take the next.
-            Err(e) if is_connection_error(&e) => continue,
-            Err(e) => {
-                // Out of descriptors or the like: wait rather than spin.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
-        let connection = hyper::server::conn::http1::Builder::new()
-            .serve_connection(TokioIo::new(stream), routes.clone());
-        let connection = connections.watch(connection);
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "connection ended");
-            }
-        });
-    }
-}
-
-/// An accept error that concerns one connection, not the listener.
-fn is_connection_error(e: &std::io::Error) -> bool {
-    use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
-    matches!(e.kind(), ConnectionAborted | ConnectionRefused | ConnectionReset)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -408,5 +276,27 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "still accepting 5 s after the drop");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Connections opened one after another, whichever worker accepts each, are
+    /// served spread evenly over the workers, as `/metrics` shows.
+    #[tokio::test]
+    async fn connections_are_spread_over_the_workers() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let config = GatewayConfig { workers: 2, ..GatewayConfig::default() };
+        let gateway = Gateway::serve(listener, config, std::future::pending()).await.unwrap();
+        let url = format!("http://{}", gateway.addr);
+        // Each client keeps its own connection open after its request.
+        let clients: Vec<reqwest::Client> = (0..12).map(|_| reqwest::Client::new()).collect();
+        for client in &clients {
+            client.get(format!("{url}/health")).send().await.unwrap();
+        }
+        let metrics = clients[0].get(format!("{url}/metrics")).send().await.unwrap();
+        let metrics = metrics.text().await.unwrap();
+        let open = |worker: &str| {
+            let name = format!("slotgate_worker_connections{{worker=\"{worker}\"}} ");
+            metrics.lines().find_map(|l| l.strip_prefix(name.as_str())?.parse::<f64>().ok())
+        };
+        assert_eq!((open("0"), open("1")), (Some(6.0), Some(6.0)), "{metrics}");
     }
 }
