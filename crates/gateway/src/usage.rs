@@ -17,7 +17,7 @@ pub struct Usage {
 /// for anything else, after one pass over the bytes. A `"usage"` inside a text
 /// is escaped (`\"usage\"`) and never matches.
 pub fn scan(bytes: &[u8]) -> Option<Usage> {
-    let at = rfind(bytes, b"\"usage\"")?;
+    let at = memchr::memmem::rfind(bytes, b"\"usage\"")?;
     let usage = &bytes[at..];
     let prompt = number_after(usage, b"\"prompt_tokens\"")?;
     let completion = number_after(usage, b"\"completion_tokens\"").unwrap_or(0);
@@ -25,25 +25,12 @@ pub fn scan(bytes: &[u8]) -> Option<Usage> {
     Some(Usage { prompt, completion, cached })
 }
 
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}
-
-fn rfind(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).rposition(|w| w == needle)
-}
-
 /// The unsigned number that follows `key` and its colon.
 fn number_after(hay: &[u8], key: &[u8]) -> Option<u64> {
-    let rest = &hay[find(hay, key)? + key.len()..];
-    let rest = rest.trim_ascii_start().strip_prefix(b":")?;
-    let digits: Vec<u8> = rest
-        .iter()
-        .skip_while(|b| b.is_ascii_whitespace())
-        .take_while(|b| b.is_ascii_digit())
-        .copied()
-        .collect();
-    std::str::from_utf8(&digits).ok()?.parse().ok()
+    let rest = &hay[memchr::memmem::find(hay, key)? + key.len()..];
+    let rest = rest.trim_ascii_start().strip_prefix(b":")?.trim_ascii_start();
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()
 }
 
 #[cfg(test)]
