@@ -146,8 +146,8 @@ pub struct GatewayConfig {
     pub drain_timeout_ms: u64,
     /// Largest request body accepted, in bytes.
     pub max_body_bytes: usize,
-    /// Threads that serve clients, each accepting and proxying its own
-    /// connections; 0 means one per core.
+    /// Threads that serve clients, each proxying its own connections (a new
+    /// connection goes to the one with the fewest open); 0 means one per core.
     pub workers: usize,
     /// Other names for served models (`"gpt-4o-mini" = "gemma-3-270m-q4_k_m"`):
     /// listed in `/v1/models`, and sent to the backend under the model's name.
