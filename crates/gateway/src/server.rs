@@ -288,15 +288,23 @@ mod tests {
         let url = format!("http://{}", gateway.addr);
         // Each client keeps its own connection open after its request.
         let clients: Vec<reqwest::Client> = (0..12).map(|_| reqwest::Client::new()).collect();
-        for client in &clients {
-            client.get(format!("{url}/health")).send().await.unwrap();
-        }
-        let metrics = clients[0].get(format!("{url}/metrics")).send().await.unwrap();
-        let metrics = metrics.text().await.unwrap();
-        let open = |worker: &str| {
+        let mut metrics = String::new();
+        let open = |metrics: &str, worker: &str| {
             let name = format!("slotgate_worker_connections{{worker=\"{worker}\"}} ");
             metrics.lines().find_map(|l| l.strip_prefix(name.as_str())?.parse::<f64>().ok())
         };
-        assert_eq!((open("0"), open("1")), (Some(6.0), Some(6.0)), "{metrics}");
+        for (n, client) in clients.iter().enumerate() {
+            client.get(format!("{url}/health")).send().await.unwrap();
+            // Read over the first client's connection, open since the start.
+            let answer = clients[0].get(format!("{url}/metrics")).send().await.unwrap();
+            metrics = answer.text().await.unwrap();
+            let (Some(a), Some(b)) = (open(&metrics, "0"), open(&metrics, "1")) else {
+                panic!("no worker gauges: {metrics}");
+            };
+            // Balanced after every connection, not only at the end.
+            assert_eq!(a + b, (n + 1) as f64, "{metrics}");
+            assert!((a - b).abs() <= 1.0, "after {} connections: {a} and {b}", n + 1);
+        }
+        assert_eq!((open(&metrics, "0"), open(&metrics, "1")), (Some(6.0), Some(6.0)), "{metrics}");
     }
 }
