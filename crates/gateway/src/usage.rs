@@ -2,6 +2,17 @@
 //! bytes rather than a parse of the whole answer: the gateway relays answers
 //! untouched, and only wants three numbers from them.
 
+use std::sync::LazyLock;
+
+use memchr::memmem::{Finder, FinderRev};
+
+/// The searchers, built once: building one per search was most of the scan's time.
+static USAGE: LazyLock<FinderRev<'static>> = LazyLock::new(|| FinderRev::new(b"\"usage\""));
+static PROMPT: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"prompt_tokens\""));
+static COMPLETION: LazyLock<Finder<'static>> =
+    LazyLock::new(|| Finder::new(b"\"completion_tokens\""));
+static CACHED: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"cached_tokens\""));
+
 /// Tokens of one answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Usage {
@@ -17,17 +28,17 @@ pub struct Usage {
 /// for anything else, after one pass over the bytes. A `"usage"` inside a text
 /// is escaped (`\"usage\"`) and never matches.
 pub fn scan(bytes: &[u8]) -> Option<Usage> {
-    let at = memchr::memmem::rfind(bytes, b"\"usage\"")?;
+    let at = USAGE.rfind(bytes)?;
     let usage = &bytes[at..];
-    let prompt = number_after(usage, b"\"prompt_tokens\"")?;
-    let completion = number_after(usage, b"\"completion_tokens\"").unwrap_or(0);
-    let cached = number_after(usage, b"\"cached_tokens\"").unwrap_or(0);
+    let prompt = number_after(usage, &PROMPT)?;
+    let completion = number_after(usage, &COMPLETION).unwrap_or(0);
+    let cached = number_after(usage, &CACHED).unwrap_or(0);
     Some(Usage { prompt, completion, cached })
 }
 
-/// The unsigned number that follows `key` and its colon.
-fn number_after(hay: &[u8], key: &[u8]) -> Option<u64> {
-    let rest = &hay[memchr::memmem::find(hay, key)? + key.len()..];
+/// The unsigned number that follows the key `finder` finds, and its colon.
+fn number_after(hay: &[u8], finder: &Finder) -> Option<u64> {
+    let rest = &hay[finder.find(hay)? + finder.needle().len()..];
     let rest = rest.trim_ascii_start().strip_prefix(b":")?.trim_ascii_start();
     let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
     std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()

@@ -1,13 +1,13 @@
 //! Reading a JSON request body into a typed request, with errors that name the
 //! parameter at fault as a path (`messages[0].role`).
 
-use serde::de::DeserializeOwned;
+use serde::Deserialize;
 
 use crate::error::{ApiError, ErrorType};
 
 /// Parses a request body. Malformed JSON and wrong types become a 400 whose `param`
 /// is the path of the offending field.
-pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+pub fn parse_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
     // Most bodies are valid: read them without tracking the path, which costs a
     // visible share of the gateway's time per request, and read a body again
     // with it only to say where it went wrong.

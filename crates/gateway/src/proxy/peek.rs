@@ -5,7 +5,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use slotgate_protocol::ApiError;
 
-use crate::affinity::Opening;
+use crate::affinity::{Opening, Said};
 
 /// The fields routing needs.
 #[derive(Debug)]
@@ -29,15 +29,16 @@ struct Head {
     stream_options: Option<Value>,
 }
 
-/// [`Head`] and what the affinity key is derived from: of a chat, only its
-/// opening messages are built.
+/// [`Head`] and what the affinity key is derived from ([`Said`]): of a chat,
+/// only its opening messages are read, their text borrowed from the body.
 #[derive(Deserialize)]
-struct Keyed {
+struct Keyed<'a> {
     model: Option<Value>,
     stream: Option<Value>,
     stream_options: Option<Value>,
     prompt_cache_key: Option<Value>,
-    messages: Option<Opening>,
+    #[serde(borrow)]
+    messages: Option<Opening<'a>>,
     prompt: Option<Value>,
 }
 
@@ -49,18 +50,9 @@ struct Keyed {
 pub fn peek(body: &[u8], headers: &HeaderMap, affinity: bool) -> Result<Peek, ApiError> {
     let (model, stream, options, keyed) = if affinity {
         let k: Keyed = slotgate_protocol::parse_json(body)?;
-        let mut fields = serde_json::Map::new();
-        let parts = [
-            ("prompt_cache_key", k.prompt_cache_key),
-            ("messages", k.messages.and_then(|o| o.0).map(Value::Array)),
-            ("prompt", k.prompt),
-        ];
-        for (name, value) in parts {
-            if let Some(value) = value {
-                fields.insert(name.to_owned(), value);
-            }
-        }
-        (k.model, k.stream, k.stream_options, Some(Value::Object(fields)))
+        let said =
+            Said { prompt_cache_key: k.prompt_cache_key, messages: k.messages, prompt: k.prompt };
+        (k.model, k.stream, k.stream_options, Some(said))
     } else {
         let head: Head = slotgate_protocol::parse_json(body)?;
         (head.model, head.stream, head.stream_options, None)
@@ -70,7 +62,7 @@ pub fn peek(body: &[u8], headers: &HeaderMap, affinity: bool) -> Result<Peek, Ap
         Some(_) => return Err(ApiError::invalid("model", "model must be a string")),
         None => String::new(),
     };
-    let affinity = keyed.and_then(|v| crate::affinity::key(&model, &v, headers));
+    let affinity = keyed.and_then(|said| crate::affinity::key(&model, &said, headers));
     let stream = stream.as_ref().and_then(Value::as_bool).unwrap_or(false);
     let usage_asked =
         options.as_ref().and_then(|o| o.get("include_usage")).and_then(Value::as_bool)
@@ -125,30 +117,18 @@ mod tests {
         }
     }
 
-    /// The key from the opening alone is the key of the whole body: later turns
-    /// are skipped, and a `messages` that is no list falls back to `prompt`.
+    /// The key comes from the body's opening: the same conversation with later
+    /// turns keeps it, another one does not.
     #[test]
-    fn the_opening_gives_the_whole_bodys_key() {
-        let long = "y".repeat(crate::affinity::CHAT_PREFIX_BYTES + 10);
-        let bodies = [
-            serde_json::json!({"model": "m", "messages": [
-                {"role": "system", "content": "Be brief."},
-                {"role": "user", "content": "Tell me about Paris."},
-                {"role": "assistant", "content": "A city."},
-                {"role": "user", "content": [{"type": "text", "text": "And Rome?"}]}]}),
-            serde_json::json!({"model": "m", "messages": [
-                {"role": "system", "content": long}, {"role": "user", "content": "late"}]}),
-            serde_json::json!({"model": "m", "messages": [{"role": "system", "content": "only"}]}),
-            serde_json::json!({"model": "m", "messages": "not a list", "prompt": "p"}),
-            serde_json::json!({"model": "m", "messages": [], "prompt": "p"}),
-            serde_json::json!({"model": "m", "prompt_cache_key": "k", "messages": [1, 2]}),
-            serde_json::json!({"model": "m", "prompt": ["abc", "def"]}),
-        ];
+    fn the_key_is_read_from_the_opening() {
         let h = HeaderMap::new();
-        for body in bodies {
-            let bytes = serde_json::to_vec(&body).unwrap();
-            let whole = crate::affinity::key("m", &body, &h);
-            assert_eq!(peek(&bytes, &h, true).unwrap().affinity, whole, "{body}");
-        }
+        let turn1 = br#"{"model":"m","messages":[{"role":"user","content":"Paris?"}]}"#;
+        let turn2 = br#"{"model":"m","messages":[{"role":"user","content":"Paris?"},
+            {"role":"assistant","content":"A city."},{"role":"user","content":"Rome?"}]}"#;
+        let other = br#"{"model":"m","messages":[{"role":"user","content":"Oslo?"}]}"#;
+        let key = |body: &[u8]| peek(body, &h, true).unwrap().affinity;
+        assert!(key(turn1).is_some());
+        assert_eq!(key(turn1), key(turn2));
+        assert_ne!(key(turn1), key(other));
     }
 }
