@@ -3,6 +3,7 @@
 //! what a person watching the fleet right now wants without a query language.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -37,10 +38,14 @@ pub struct Refusal {
     pub backend: String,
 }
 
+/// Shards of the record: each thread writes to its own, so that the worker
+/// threads do not contend for one lock on every request; reading merges them.
+const SHARDS: usize = 8;
+
 /// The recent requests of this process.
 #[derive(Debug, Default)]
 pub struct Recent {
-    inner: Mutex<Inner>,
+    shards: [Mutex<Inner>; SHARDS],
 }
 
 #[derive(Debug, Default)]
@@ -66,8 +71,18 @@ pub struct Summary {
 pub static RECENT: std::sync::LazyLock<Recent> = std::sync::LazyLock::new(Recent::default);
 
 impl Recent {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self, shard: usize) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding this lock cannot leave the record inconsistent.
+        self.shards[shard].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The calling thread's shard.
+    fn own(&self) -> std::sync::MutexGuard<'_, Inner> {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        thread_local! {
+            static SHARD: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+        }
+        self.lock(SHARD.with(|shard| *shard))
     }
 
     /// A request ended with `status`.
@@ -95,7 +110,7 @@ impl Recent {
             status,
             backend: backend.to_owned(),
         });
-        let mut inner = self.lock();
+        let mut inner = self.own();
         if inner.samples.len() == SAMPLES {
             inner.samples.pop_front();
         }
@@ -111,17 +126,27 @@ impl Recent {
     /// The last minute's rates and percentiles, and the latest refusals, newest first.
     pub fn summary(&self) -> (Summary, Vec<Refusal>) {
         let now = Instant::now();
-        let mut inner = self.lock();
-        while inner.samples.front().is_some_and(|s| now.duration_since(s.at) > WINDOW) {
-            inner.samples.pop_front();
+        let mut samples: Vec<Sample> = Vec::new();
+        let mut refusals: Vec<Refusal> = Vec::new();
+        for shard in 0..SHARDS {
+            let mut inner = self.lock(shard);
+            while inner.samples.front().is_some_and(|s| now.duration_since(s.at) > WINDOW) {
+                inner.samples.pop_front();
+            }
+            samples.extend(inner.samples.iter());
+            refusals.extend(inner.refusals.iter().cloned());
         }
-        let samples: Vec<Sample> = inner.samples.iter().copied().collect();
-        let refusals = inner.refusals.iter().rev().cloned().collect();
-        drop(inner);
+        // Newest first; of equal times, the one recorded last (a stable sort of
+        // shards each oldest first, reversed).
+        refusals.sort_by_key(|r| r.at_ms);
+        refusals.reverse();
+        refusals.truncate(REFUSALS);
         // Over the window, or since the first sample when the process is younger.
         let span = samples
-            .first()
-            .map_or(WINDOW, |s| now.duration_since(s.at).max(Duration::from_secs(1)).min(WINDOW))
+            .iter()
+            .map(|s| s.at)
+            .min()
+            .map_or(WINDOW, |at| now.duration_since(at).max(Duration::from_secs(1)).min(WINDOW))
             .as_secs_f64();
         let tokens: u64 = samples.iter().map(|s| s.completion_tokens).sum();
         let ttft: Vec<f64> = samples.iter().filter_map(|s| s.ttft_ms).collect();
@@ -169,5 +194,30 @@ mod tests {
         assert_eq!(summary.tokens_per_s, 300.0);
         assert_eq!(refusals.len(), 1);
         assert_eq!((refusals[0].status, refusals[0].backend.as_str()), (503, "none"));
+    }
+
+    /// Each thread records in its own shard; the summary reads them all.
+    #[test]
+    fn every_threads_requests_are_summed() {
+        let recent = Recent::default();
+        std::thread::scope(|scope| {
+            for status in [429, 503, 429] {
+                let recent = &recent;
+                scope.spawn(move || {
+                    for _ in 0..10 {
+                        recent.ended("m", "b", 200, None, Duration::from_millis(1), 1);
+                    }
+                    recent.ended("m", "b", status, None, Duration::from_millis(1), 0);
+                });
+            }
+        });
+        let used = recent.shards.iter().filter(|s| !s.lock().unwrap().samples.is_empty()).count();
+        assert_eq!(used, 3, "one shard per thread");
+        let (summary, refusals) = recent.summary();
+        assert_eq!(summary.requests_per_s, 33.0);
+        assert_eq!(summary.tokens_per_s, 30.0);
+        assert_eq!(refusals.iter().filter(|r| r.status == 429).count(), 2);
+        assert_eq!(refusals.len(), 3);
+        assert!(refusals.windows(2).all(|w| w[0].at_ms >= w[1].at_ms), "newest first");
     }
 }

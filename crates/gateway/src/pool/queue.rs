@@ -196,6 +196,11 @@ impl Queues {
     /// yet free (the engine has not shown it so), and must not then lose its
     /// turn to the key it was woken ahead of.
     pub fn served(&self, model: &str, tenant: u32) {
+        if tenant == 0 {
+            // Without keys every request is of one key, and there are no turns to
+            // keep: no lock that every worker thread contends for on each request.
+            return;
+        }
         let mut queues = self.lock();
         if !queues.contains_key(model) {
             queues.insert(model.to_owned(), Queue::default());
