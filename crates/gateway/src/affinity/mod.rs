@@ -14,7 +14,7 @@ use axum::http::HeaderMap;
 use serde_json::Value;
 
 use crate::hash::Fnv;
-pub use said::{Opening, Said, Turn};
+pub use said::{Opening, Said, Turn, CHAT_PREFIX_BYTES};
 
 /// The header clients may send to keep their requests together.
 pub const SESSION_HEADER: &str = "x-session-id";
@@ -23,9 +23,6 @@ pub const SESSION_HEADER: &str = "x-session-id";
 /// the first turn of most conversations, long enough to tell them apart; a first
 /// prompt shorter than this hashes whole, so its second turn may move once.
 pub const PROMPT_PREFIX_BYTES: usize = 256;
-
-/// Most bytes of chat content hashed; a longer opening is cut here.
-pub const CHAT_PREFIX_BYTES: usize = 4096;
 
 /// The request's affinity key, or `None` when it has nothing to derive one from.
 pub fn key(model: &str, said: &Said, headers: &HeaderMap) -> Option<u64> {

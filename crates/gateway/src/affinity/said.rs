@@ -15,7 +15,8 @@ use serde::de::{self, value::MapAccessDeserializer, value::SeqAccessDeserializer
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
-use super::CHAT_PREFIX_BYTES;
+/// Most bytes of chat content hashed; a longer opening is cut here.
+pub const CHAT_PREFIX_BYTES: usize = 4096;
 
 /// The fields of a body that the key is derived from.
 #[derive(Debug, Default, Deserialize)]
