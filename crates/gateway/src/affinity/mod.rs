@@ -112,50 +112,37 @@ mod tests {
     /// JSON: replicas of either version must send a conversation to the same
     /// backend, so the two must agree.
     fn built_key(model: &str, body: &Value) -> Option<u64> {
+        let cache_key = body.get("prompt_cache_key");
+        let keyed = matches!(cache_key, Some(Value::String(k)) if !k.is_empty());
+        let Some(Value::Array(messages)) = body.get("messages").filter(|_| !keyed) else {
+            // No chat: both read the same fields, built the same way.
+            let said = Said {
+                prompt_cache_key: cache_key.cloned(),
+                messages: None,
+                prompt: body.get("prompt").cloned(),
+            };
+            return key(model, &said, &HeaderMap::new());
+        };
         let mut h = Fnv::default();
         h.write(model.as_bytes());
-        if let Some(Value::String(k)) = body.get("prompt_cache_key") {
-            if !k.is_empty() {
-                return Some(h.write(b"prompt_cache_key").write(k.as_bytes()).finish());
+        let mut budget = CHAT_PREFIX_BYTES;
+        for message in messages {
+            let role = message.get("role").and_then(Value::as_str).unwrap_or_default();
+            h.write(role.as_bytes());
+            if let Some(content) = message.get("content") {
+                let text = match content {
+                    Value::String(text) => text.clone(),
+                    other => other.to_string(),
+                };
+                let part = cut(&text, budget);
+                budget -= part.len();
+                h.write(part.as_bytes());
+            }
+            if role == "user" || budget == 0 {
+                return Some(h.finish());
             }
         }
-        if let Some(Value::Array(messages)) = body.get("messages") {
-            let mut budget = CHAT_PREFIX_BYTES;
-            for message in messages {
-                let role = message.get("role").and_then(Value::as_str).unwrap_or_default();
-                h.write(role.as_bytes());
-                if let Some(content) = message.get("content") {
-                    let text = match content {
-                        Value::String(text) => text.clone(),
-                        other => other.to_string(),
-                    };
-                    let part = cut(&text, budget);
-                    budget -= part.len();
-                    h.write(part.as_bytes());
-                }
-                if role == "user" || budget == 0 {
-                    return Some(h.finish());
-                }
-            }
-            return None;
-        }
-        let prompt = match body.get("prompt")? {
-            Value::Array(items) if items.first().is_some_and(|v| !v.is_number()) => &items[0],
-            single => single,
-        };
-        match prompt {
-            Value::String(text) if !text.is_empty() => {
-                h.write(b"prompt").write(cut(text, PROMPT_PREFIX_BYTES).as_bytes());
-            }
-            Value::Array(tokens) if !tokens.is_empty() => {
-                h.write(b"tokens");
-                for t in tokens.iter().take(PROMPT_PREFIX_BYTES / 4) {
-                    h.write(t.to_string().as_bytes());
-                }
-            }
-            _ => return None,
-        }
-        Some(h.finish())
+        None
     }
 
     /// Read from the bytes, with later turns skipped and text borrowed, the key

@@ -74,6 +74,31 @@ impl Text<'_> {
     }
 }
 
+/// A visitor's answer to a JSON scalar where it wants a list or an object: the
+/// value's default (no opening, a message with neither role nor content).
+macro_rules! nothing_of_scalars {
+    () => {
+        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+            Ok(Self::Value::default())
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+            Ok(Self::Value::default())
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+            Ok(Self::Value::default())
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+            Ok(Self::Value::default())
+        }
+        fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+            Ok(Self::Value::default())
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(Self::Value::default())
+        }
+    };
+}
+
 impl<'de: 'a, 'a> Deserialize<'de> for Opening<'a> {
     fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
         de.deserialize_any(OpeningVisitor)
@@ -112,24 +137,7 @@ impl<'de> de::Visitor<'de> for OpeningVisitor {
         IgnoredAny::deserialize(MapAccessDeserializer::new(map))?;
         Ok(Opening::default())
     }
-    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(Opening::default())
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(Opening::default())
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(Opening::default())
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(Opening::default())
-    }
-    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(Opening::default())
-    }
-    fn visit_unit<E>(self) -> Result<Self::Value, E> {
-        Ok(Opening::default())
-    }
+    nothing_of_scalars!();
 }
 
 /// The two keys of a message that the key reads.
@@ -175,24 +183,7 @@ impl<'de> de::Visitor<'de> for TurnVisitor {
         IgnoredAny::deserialize(SeqAccessDeserializer::new(seq))?;
         Ok(Turn::default())
     }
-    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(Turn::default())
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(Turn::default())
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(Turn::default())
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(Turn::default())
-    }
-    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(Turn::default())
-    }
-    fn visit_unit<E>(self) -> Result<Self::Value, E> {
-        Ok(Turn::default())
-    }
+    nothing_of_scalars!();
 }
 
 impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
