@@ -43,9 +43,18 @@ pub struct Refusal {
 const SHARDS: usize = 8;
 
 /// The recent requests of this process.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Recent {
     shards: [Mutex<Inner>; SHARDS],
+    /// When the record began: rates over a process younger than the window
+    /// are over its life.
+    born: Instant,
+}
+
+impl Default for Recent {
+    fn default() -> Self {
+        Self { shards: Default::default(), born: Instant::now() }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -128,32 +137,34 @@ impl Recent {
         let now = Instant::now();
         let mut samples: Vec<Sample> = Vec::new();
         let mut refusals: Vec<Refusal> = Vec::new();
+        let (mut requests_per_s, mut tokens_per_s) = (0.0, 0.0);
         for shard in 0..SHARDS {
             let mut inner = self.lock(shard);
             while inner.samples.front().is_some_and(|s| now.duration_since(s.at) > WINDOW) {
                 inner.samples.pop_front();
             }
+            // Each shard's rate over the time its samples cover: the window, the
+            // process's life when shorter, or since its oldest sample when it is
+            // full (a busy thread's shard holds less than the window, an idle
+            // one's all of it). The rates add up.
+            let full = inner.samples.len() == SAMPLES;
+            let since = inner.samples.front().filter(|_| full).map_or(self.born, |s| s.at);
+            let span = now.duration_since(since).clamp(Duration::from_secs(1), WINDOW);
+            let tokens: u64 = inner.samples.iter().map(|s| s.completion_tokens).sum();
+            requests_per_s += inner.samples.len() as f64 / span.as_secs_f64();
+            tokens_per_s += tokens as f64 / span.as_secs_f64();
             samples.extend(inner.samples.iter());
             refusals.extend(inner.refusals.iter().cloned());
         }
-        // Newest first; of equal times, the one recorded last (a stable sort of
-        // shards each oldest first, reversed).
+        // Newest first, to the millisecond.
         refusals.sort_by_key(|r| r.at_ms);
         refusals.reverse();
         refusals.truncate(REFUSALS);
-        // Over the window, or since the first sample when the process is younger.
-        let span = samples
-            .iter()
-            .map(|s| s.at)
-            .min()
-            .map_or(WINDOW, |at| now.duration_since(at).max(Duration::from_secs(1)).min(WINDOW))
-            .as_secs_f64();
-        let tokens: u64 = samples.iter().map(|s| s.completion_tokens).sum();
         let ttft: Vec<f64> = samples.iter().filter_map(|s| s.ttft_ms).collect();
         let latency: Vec<f64> = samples.iter().map(|s| s.duration_ms).collect();
         let summary = Summary {
-            requests_per_s: samples.len() as f64 / span,
-            tokens_per_s: tokens as f64 / span,
+            requests_per_s,
+            tokens_per_s,
             ttft_ms: percentiles(ttft),
             latency_ms: percentiles(latency),
         };
@@ -219,5 +230,22 @@ mod tests {
         assert_eq!(refusals.iter().filter(|r| r.status == 429).count(), 2);
         assert_eq!(refusals.len(), 3);
         assert!(refusals.windows(2).all(|w| w[0].at_ms >= w[1].at_ms), "newest first");
+    }
+
+    /// A busy thread's full shard covers a second, an idle thread's shard the
+    /// whole window: each rate is over its own span, not the oldest of all.
+    #[test]
+    fn a_full_shard_is_rated_over_what_it_holds() {
+        let now = Instant::now();
+        let ago = |secs| now.checked_sub(Duration::from_secs(secs)).unwrap();
+        let recent = Recent { born: ago(55), ..Recent::default() };
+        let sample = |at| Sample { at, ttft_ms: None, duration_ms: 1.0, completion_tokens: 2 };
+        recent.shards[0].lock().unwrap().samples.extend((0..SAMPLES).map(|_| sample(now)));
+        recent.shards[1].lock().unwrap().samples.push_back(sample(ago(50)));
+        let (summary, _) = recent.summary();
+        // 4096 in (at most) the last second, and 1 in the 55 s of the process.
+        let busy = SAMPLES as f64;
+        assert!(summary.requests_per_s > busy && summary.requests_per_s < busy + 1.0);
+        assert!(summary.tokens_per_s > 2.0 * busy && summary.tokens_per_s < 2.0 * busy + 1.0);
     }
 }

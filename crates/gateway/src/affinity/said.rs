@@ -18,7 +18,9 @@ use serde_json::Value;
 /// Most bytes of chat content hashed; a longer opening is cut here.
 pub const CHAT_PREFIX_BYTES: usize = 4096;
 
-/// The fields of a body that the key is derived from.
+/// The fields of a body that the key is derived from. The gateway reads them in
+/// the one pass that reads the routing fields (`proxy::peek`); read alone, as
+/// the tests do, they deserialize the same way.
 #[derive(Debug, Default, Deserialize)]
 pub struct Said<'a> {
     /// OpenAI's `prompt_cache_key`.
