@@ -31,6 +31,8 @@ struct Head {
 
 /// [`Head`] and what the affinity key is derived from ([`Said`]): of a chat,
 /// only its opening messages are read, their text borrowed from the body.
+/// `Said`'s fields are listed again rather than `#[serde(flatten)]`ed: flatten
+/// buffers every other field of the body, the cost this pass exists to avoid.
 #[derive(Deserialize)]
 struct Keyed<'a> {
     model: Option<Value>,
