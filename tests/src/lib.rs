@@ -125,6 +125,10 @@ impl Drop for Process {
 pub fn engine(args: &[&str]) -> Process {
     let model = model_path();
     let mut all = vec!["--model", model.to_str().expect("utf-8 path"), "--port", "0"];
+    // Loading and unloading are closed without an admin key; tests load from here.
+    if !args.contains(&"--admin-loopback") {
+        all.extend_from_slice(&["--admin-loopback", "true"]);
+    }
     if !args.contains(&"--threads") {
         all.extend_from_slice(&["--threads", "2"]);
     }
@@ -141,6 +145,8 @@ pub fn gateway(backends: &[&str], env: &[(&str, &str)]) -> Process {
     let mut env = env.to_vec();
     env.push(("SLOTGATE_ROUTING__HEALTH_INTERVAL_MS", "100"));
     env.push(("SLOTGATE_ROUTING__HEALTHY_THRESHOLD", "1"));
+    // The admin API is closed without an admin key; tests ask it from here.
+    env.push(("SLOTGATE_AUTH__ADMIN_LOOPBACK", "true"));
     Process::start_with_env(&binary("slotgate"), &args, &env)
 }
 
@@ -151,6 +157,7 @@ pub fn gateway_with_config(config: &Path, env: &[(&str, &str)]) -> Process {
     let mut env = env.to_vec();
     env.push(("SLOTGATE_ROUTING__HEALTH_INTERVAL_MS", "100"));
     env.push(("SLOTGATE_ROUTING__HEALTHY_THRESHOLD", "1"));
+    env.push(("SLOTGATE_AUTH__ADMIN_LOOPBACK", "true"));
     Process::start_with_env(&binary("slotgate"), &["--config", config], &env)
 }
 

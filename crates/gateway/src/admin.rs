@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -28,7 +28,7 @@ use crate::discovery::Discovery;
 use crate::error::GatewayError;
 use crate::live::{Live, LiveCell};
 use crate::pool::Pool;
-use crate::routes::{App, Shared};
+use crate::routes::{peer, App, Peer, Shared};
 
 /// The admin routes.
 pub fn routes() -> Router<Arc<App>> {
@@ -69,6 +69,13 @@ impl Reload {
     ) -> Self {
         let config = Mutex::new(config);
         Self { inner: Arc::new(Inner { source, config, live, book, pool, discovery }) }
+    }
+
+    /// Whether a `[[backends]]` entry of the configuration in force takes its key
+    /// from the variable `var`.
+    pub fn declares_backend_key(&self, var: &str) -> bool {
+        let config = self.inner.config.lock().unwrap_or_else(|e| e.into_inner());
+        config.backends.iter().any(|b| b.api_key_env.as_deref() == Some(var))
     }
 
     /// Reads the configuration again and applies it; the error says why it was refused.
@@ -124,8 +131,8 @@ impl Reload {
     }
 }
 
-fn admin(app: &App, headers: &HeaderMap) -> Result<(), GatewayError> {
-    app.forwarder.live().auth.admin(headers).map_err(GatewayError::Api)
+fn admin(app: &App, method: Method, headers: &HeaderMap, from: Peer) -> Result<(), GatewayError> {
+    app.forwarder.live().auth.admin(&method, headers, peer(from)).map_err(GatewayError::Api)
 }
 
 fn describe(pool: &Pool, b: &Backend) -> Value {
@@ -147,8 +154,12 @@ fn describe(pool: &Pool, b: &Backend) -> Value {
 }
 
 /// `GET /admin/backends`: each backend's state.
-async fn list(State(app): Shared, headers: HeaderMap) -> Result<Json<Value>, GatewayError> {
-    admin(&app, &headers)?;
+async fn list(
+    State(app): Shared,
+    from: Peer,
+    headers: HeaderMap,
+) -> Result<Json<Value>, GatewayError> {
+    admin(&app, Method::GET, &headers, from)?;
     let pool = app.forwarder.pool();
     let backends: Vec<Value> = pool.backends().iter().map(|b| describe(pool, b)).collect();
     Ok(Json(json!({ "backends": backends })))
@@ -157,11 +168,27 @@ async fn list(State(app): Shared, headers: HeaderMap) -> Result<Json<Value>, Gat
 /// `POST /admin/backends`: adds a backend, as a `[[backends]]` entry is written.
 async fn add(
     State(app): Shared,
+    from: Peer,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, GatewayError> {
-    admin(&app, &headers)?;
+    admin(&app, Method::POST, &headers, from)?;
     let config: BackendConfig = slotgate_protocol::parse_json(&body)?;
+    if let Some(var) = &config.api_key_env {
+        // Else an admin call could have any of the gateway's environment sent to
+        // an address of its choosing.
+        if !app.reload.declares_backend_key(var) {
+            return Err(ApiError::new(
+                ErrorType::PermissionError,
+                format!(
+                    "api_key_env `{var}` is not the key of a configured backend: a backend added \
+                     here may only use a key that [[backends]] in the configuration already use"
+                ),
+            )
+            .with_param("api_key_env")
+            .into());
+        }
+    }
     let check = GatewayConfig { backends: vec![config.clone()], ..GatewayConfig::default() };
     check
         .validate()
@@ -182,10 +209,11 @@ fn find(app: &App, id: usize) -> Result<Arc<Backend>, ApiError> {
 /// `POST /admin/backends/{id}/drain`: no new requests; those in flight finish.
 async fn drain(
     State(app): Shared,
+    from: Peer,
     headers: HeaderMap,
     Path(id): Path<usize>,
 ) -> Result<Json<Value>, GatewayError> {
-    admin(&app, &headers)?;
+    admin(&app, Method::POST, &headers, from)?;
     let backend = find(&app, id)?;
     backend.drain();
     tracing::info!(backend = %backend.url(), "draining, by the admin API");
@@ -196,10 +224,11 @@ async fn drain(
 /// requests have ended (202 while some remain).
 async fn remove(
     State(app): Shared,
+    from: Peer,
     headers: HeaderMap,
     Path(id): Path<usize>,
 ) -> Result<Response, GatewayError> {
-    admin(&app, &headers)?;
+    admin(&app, Method::DELETE, &headers, from)?;
     let backend = find(&app, id)?;
     if backend.is_supervised() {
         return Err(ApiError::invalid(
@@ -221,8 +250,12 @@ async fn remove(
 }
 
 /// `GET /admin/keys`: each key's name, limits and usage; never its secret.
-async fn keys(State(app): Shared, headers: HeaderMap) -> Result<Json<Value>, GatewayError> {
-    admin(&app, &headers)?;
+async fn keys(
+    State(app): Shared,
+    from: Peer,
+    headers: HeaderMap,
+) -> Result<Json<Value>, GatewayError> {
+    admin(&app, Method::GET, &headers, from)?;
     let live = app.forwarder.live();
     let minute = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -256,8 +289,12 @@ async fn keys(State(app): Shared, headers: HeaderMap) -> Result<Json<Value>, Gat
 }
 
 /// `POST /admin/reload`: as `SIGHUP`.
-async fn reload(State(app): Shared, headers: HeaderMap) -> Result<Json<Value>, GatewayError> {
-    admin(&app, &headers)?;
+async fn reload(
+    State(app): Shared,
+    from: Peer,
+    headers: HeaderMap,
+) -> Result<Json<Value>, GatewayError> {
+    admin(&app, Method::POST, &headers, from)?;
     app.reload.apply().map(Json).map_err(|e| match e {
         GatewayError::Config(reason) => GatewayError::Api(ApiError::invalid(
             "config",

@@ -42,6 +42,12 @@ pub struct Backend {
     /// Slots busy there for others (other gateways, or llama.cpp slots kept busy
     /// after a client left), as of the last reconciliation with `/slots`.
     foreign_busy: AtomicU32,
+    /// `foreign_busy` as the backend last reported it, restored when a full mark
+    /// expires.
+    reported_busy: AtomicU32,
+    /// Counts full marks and reconciliations: a mark expires only if nothing
+    /// newer came since.
+    marks: AtomicU64,
     healthy: AtomicBool,
     /// Set by the admin API or a reload: no new requests; removed once idle.
     draining: AtomicBool,
@@ -86,6 +92,8 @@ impl Backend {
             in_flight: AtomicU32::new(0),
             hold_us: AtomicU64::new(0),
             foreign_busy: AtomicU32::new(0),
+            reported_busy: AtomicU32::new(0),
+            marks: AtomicU64::new(0),
             healthy: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             pushed: AtomicBool::new(false),
@@ -210,7 +218,14 @@ impl Backend {
             self.slots.store(total, Ordering::Release);
         }
         let ours = self.in_flight().max(in_flight_before);
-        self.foreign_busy.store(busy.saturating_sub(ours), Ordering::Release);
+        self.reported(busy.saturating_sub(ours));
+    }
+
+    /// What the backend reported supersedes any full mark.
+    fn reported(&self, others: u32) {
+        self.marks.fetch_add(1, Ordering::AcqRel);
+        self.reported_busy.store(others, Ordering::Release);
+        self.foreign_busy.store(others, Ordering::Release);
     }
 
     /// The engine pushed its state: `total` slots, of which `others` are taken by
@@ -221,7 +236,7 @@ impl Backend {
         if !self.fixed_slots {
             self.slots.store(total, Ordering::Release);
         }
-        self.foreign_busy.store(others, Ordering::Release);
+        self.reported(others);
     }
 
     /// The number of the last pushed event.
@@ -243,9 +258,25 @@ impl Backend {
     }
 
     /// The backend said it is full: treat every slot as busy until the next
-    /// reconciliation.
-    pub fn mark_full(&self) {
+    /// reconciliation, or until [`Backend::unmark_full`] with the mark returned
+    /// here, whichever comes first. The mark must expire by itself: an idle
+    /// engine that pushes its state sends nothing more, so without the expiry a
+    /// refusal that raced with its last event would leave it marked full for good.
+    pub fn mark_full(&self) -> u64 {
+        let mark = self.marks.fetch_add(1, Ordering::AcqRel) + 1;
         self.foreign_busy.store(self.slots(), Ordering::Release);
+        mark
+    }
+
+    /// Ends full mark `mark`, if nothing newer came since: the slots count as the
+    /// backend last reported them. Returns whether it ended it.
+    pub fn unmark_full(&self, mark: u64) -> bool {
+        if self.marks.compare_exchange(mark, mark + 1, Ordering::AcqRel, Ordering::Acquire).is_err()
+        {
+            return false;
+        }
+        self.foreign_busy.store(self.reported_busy.load(Ordering::Acquire), Ordering::Release);
+        true
     }
 
     /// A passing check. Returns true when this made it healthy.
@@ -324,6 +355,21 @@ mod tests {
         let claimed: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
         assert_eq!(claimed, 5);
         assert_eq!(b.in_flight(), 5);
+    }
+
+    #[test]
+    fn a_full_mark_ends_by_itself_unless_the_backend_reported_since() {
+        let b = backend(2);
+        b.reconcile(2, 1, 0);
+        let mark = b.mark_full();
+        assert_eq!(b.free(), 0);
+        assert!(b.unmark_full(mark));
+        assert_eq!(b.free(), 1, "back to what the backend last reported");
+        assert!(!b.unmark_full(mark), "once");
+        let mark = b.mark_full();
+        b.pushed(2, 2, 7);
+        assert!(!b.unmark_full(mark), "a report came since: it stands");
+        assert_eq!(b.free(), 0);
     }
 
     #[test]

@@ -104,6 +104,13 @@ pub struct Routing {
     pub pool_idle_timeout_ms: u64,
     /// Connection timeout to a backend.
     pub connect_timeout_ms: u64,
+    /// How long a backend may take to its answer's first byte (for an answer
+    /// that is not streamed: to the whole answer); past it the attempt counts as
+    /// failed, as if the backend had died under it.
+    pub first_byte_timeout_ms: u64,
+    /// How long a streaming backend may send nothing between two chunks; past it
+    /// the stream ends with an error event.
+    pub chunk_timeout_ms: u64,
     /// Follow each backend's pushed slot state (`/slots/events`) where it offers
     /// one; off, every backend is polled each `health_interval_ms`.
     pub slot_events: bool,
@@ -125,6 +132,8 @@ impl Default for Routing {
             unhealthy_threshold: 3,
             pool_idle_timeout_ms: 4_000,
             connect_timeout_ms: 2_000,
+            first_byte_timeout_ms: 600_000,
+            chunk_timeout_ms: 60_000,
             slot_events: true,
         }
     }
@@ -165,6 +174,46 @@ pub struct GatewayConfig {
     pub discovery: DiscoveryConfig,
     /// Log lines as `text` (coloured only on a terminal) or `json`.
     pub log_format: slotgate_http::LogFormat,
+    /// Bounds on client connections.
+    pub connections: Connections,
+}
+
+/// Bounds on client connections: a slow or idle client holds no socket for long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Connections {
+    /// A request's head must arrive within this many milliseconds of its first byte.
+    pub header_timeout_ms: u64,
+    /// A request's body must arrive within this many milliseconds of its head.
+    pub body_timeout_ms: u64,
+    /// A connection with no request in hand that moves no byte for this many
+    /// milliseconds is closed.
+    pub idle_timeout_ms: u64,
+    /// Client connections open at once, at most; more are closed on arrival.
+    pub max_connections: usize,
+}
+
+impl Default for Connections {
+    fn default() -> Self {
+        Self {
+            header_timeout_ms: 30_000,
+            body_timeout_ms: 60_000,
+            idle_timeout_ms: 60_000,
+            max_connections: 4096,
+        }
+    }
+}
+
+impl Connections {
+    /// As the HTTP server takes them.
+    pub fn limits(&self) -> slotgate_http::conn::Limits {
+        slotgate_http::conn::Limits::from_ms(
+            self.header_timeout_ms,
+            self.body_timeout_ms,
+            self.idle_timeout_ms,
+            self.max_connections,
+        )
+    }
 }
 
 /// DNS discovery: a backend URL `dns+http://NAME:PORT` stands for every A and
@@ -202,6 +251,7 @@ impl Default for GatewayConfig {
             replica_id: None,
             discovery: DiscoveryConfig::default(),
             log_format: slotgate_http::LogFormat::Text,
+            connections: Connections::default(),
         }
     }
 }
@@ -222,6 +272,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "replica_id",
     "discovery",
     "log_format",
+    "connections",
 ];
 
 /// Command-line flags.

@@ -45,6 +45,8 @@ pub const KEY_COMPLETION_TOKENS: &str = "slotgate_key_completion_tokens_total";
 pub const KEY_REFUSALS: &str = "slotgate_key_refusals_total";
 /// 1 while the shared limit counters in Redis are reachable (gauge).
 pub const REDIS_UP: &str = "slotgate_limits_redis_up";
+/// Requests refused because backends died under them twice (counter).
+pub const POISON: &str = "slotgate_poison_requests_total";
 /// Open client connections of each worker thread (gauge; `worker`, bounded by
 /// the configured worker count).
 pub const WORKER_CONNECTIONS: &str = "slotgate_worker_connections";
@@ -94,6 +96,7 @@ const DESCRIBED: &[(&str, Kind, &str)] = &[
         "1 while the Redis that shares per-minute limits is reachable, else 0.",
     ),
     (WORKER_CONNECTIONS, Kind::Gauge, "Open client connections of each worker thread."),
+    (POISON, Kind::Counter, "Requests answered 502 because two backends died while serving them."),
 ];
 
 /// The process's Prometheus recorder, with every metric described.

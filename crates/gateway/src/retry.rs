@@ -24,12 +24,25 @@ pub enum Failure {
     BeforeFirstByte,
     /// A non-streamed answer broke off before its end.
     BrokenBody,
+    /// The backend sent nothing within `routing.first_byte_timeout_ms`.
+    Silent,
 }
 
 impl Failure {
     /// Every kind, for counters that start at zero.
-    pub const ALL: [Self; 4] =
-        [Self::SlotUnavailable, Self::Connect, Self::BeforeFirstByte, Self::BrokenBody];
+    pub const ALL: [Self; 5] = [
+        Self::SlotUnavailable,
+        Self::Connect,
+        Self::BeforeFirstByte,
+        Self::BrokenBody,
+        Self::Silent,
+    ];
+
+    /// Whether the backend was lost after the request was sent: it may have died
+    /// of the request itself.
+    pub fn is_death(self) -> bool {
+        matches!(self, Self::BeforeFirstByte | Self::BrokenBody | Self::Silent)
+    }
 
     /// The metric label.
     pub fn label(self) -> &'static str {
@@ -38,6 +51,7 @@ impl Failure {
             Self::Connect => "connect",
             Self::BeforeFirstByte => "before_first_byte",
             Self::BrokenBody => "broken_body",
+            Self::Silent => "silent",
         }
     }
 }
@@ -114,9 +128,8 @@ impl RetryPolicy {
         self.budget.deposit();
     }
 
-    /// Reads an attempt's outcome; `failed_before` is how many attempts of this
-    /// request failed before this one.
-    pub fn judge(&self, outcome: Outcome, failed_before: u32) -> Verdict {
+    /// Reads an attempt's outcome.
+    pub fn judge(&self, outcome: Outcome) -> Verdict {
         let failure = match outcome {
             Outcome::Answered(_) => {
                 return Verdict { outcome, retryable: false, exclude: false, eject: false }
@@ -126,10 +139,10 @@ impl RetryPolicy {
         let (exclude, eject) = match failure {
             Failure::SlotUnavailable => (true, false),
             Failure::Connect => (true, true),
-            // The first is often a pooled connection that the backend had closed: a
-            // fresh one may well work, on this backend or another. A second is the
-            // backend's doing.
-            Failure::BeforeFirstByte | Failure::BrokenBody => (failed_before > 0, false),
+            // The client sends again by itself on a pooled connection that the
+            // backend had closed while idle, so a break that reaches here is the
+            // backend's doing: it is left out, and its health checks judge it.
+            Failure::BeforeFirstByte | Failure::BrokenBody | Failure::Silent => (true, false),
         };
         Verdict { outcome, retryable: true, exclude, eject }
     }
@@ -149,25 +162,44 @@ impl RetryPolicy {
     }
 }
 
-/// Whether a 503 (or 429) body says "full or loading, try elsewhere", in any of the
-/// forms slotgate engines and llama.cpp's server use.
-pub fn is_refusal(status: u16, body: &[u8]) -> bool {
+/// What a 503 (or 429) refusal says, in any of the forms slotgate engines and
+/// llama.cpp's server use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Its slots and queue are full (`slot_unavailable`): the backend's slots are
+    /// all busy, until it reports otherwise.
+    Full,
+    /// Some other passing state (loading a model): try elsewhere, but its slots
+    /// are as they were.
+    Busy,
+}
+
+/// What a 503 (or 429) body says, or `None` when it is the request's own error,
+/// to be answered as it is.
+pub fn refusal(status: u16, body: &[u8]) -> Option<Refusal> {
     if status != 503 && status != 429 {
-        return false;
+        return None;
     }
     if let Ok(envelope) = serde_json::from_slice::<ErrorEnvelope>(body) {
         let err: ApiError = envelope.error;
-        if err.is_retryable() || err.code.as_deref() == Some(slotgate_protocol::SLOT_UNAVAILABLE) {
-            return true;
+        if err.code.as_deref() == Some(slotgate_protocol::SLOT_UNAVAILABLE) {
+            return Some(Refusal::Full);
+        }
+        if err.is_retryable() {
+            return Some(Refusal::Busy);
         }
         if err.kind != ErrorType::Unknown {
-            return false;
+            return None;
         }
     }
     let text = String::from_utf8_lossy(body).to_lowercase();
-    ["slot unavailable", "slot_unavailable", "loading model", "no slot available"]
+    if ["slot unavailable", "slot_unavailable", "no slot available"]
         .iter()
         .any(|s| text.contains(s))
+    {
+        return Some(Refusal::Full);
+    }
+    text.contains("loading model").then_some(Refusal::Busy)
 }
 
 /// A token bucket: retries may add at most `ratio` of the request rate, plus a
@@ -264,36 +296,34 @@ mod tests {
     }
 
     #[test]
-    fn refusals_in_every_known_form_are_retryable() {
+    fn refusals_in_every_known_form_are_retryable_and_only_full_ones_mark() {
         let ours = br#"{"error":{"message":"full","type":"unavailable_error","param":null,"code":"slot_unavailable"}}"#;
-        assert!(is_refusal(503, ours));
+        assert_eq!(refusal(503, ours), Some(Refusal::Full));
         let loading =
             br#"{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}"#;
-        assert!(is_refusal(503, loading));
-        assert!(is_refusal(503, b"slot unavailable"));
-        assert!(!is_refusal(400, ours));
-        assert!(!is_refusal(
-            503,
-            br#"{"error":{"message":"x","type":"server_error","param":null,"code":null}}"#
-        ));
+        assert_eq!(refusal(503, loading), Some(Refusal::Busy));
+        assert_eq!(refusal(503, b"slot unavailable"), Some(Refusal::Full));
+        assert_eq!(refusal(503, b"Loading model"), Some(Refusal::Busy));
+        assert_eq!(refusal(400, ours), None);
+        assert_eq!(
+            refusal(
+                503,
+                br#"{"error":{"message":"x","type":"server_error","param":null,"code":null}}"#
+            ),
+            None
+        );
     }
 
     #[test]
-    fn a_refused_or_dead_backend_is_left_out_and_a_stale_connection_is_not() {
+    fn a_refused_or_dead_backend_is_left_out() {
         let policy = RetryPolicy::new(&Routing::default());
-        let full = policy.judge(Outcome::Failed(Failure::SlotUnavailable), 0);
+        let full = policy.judge(Outcome::Failed(Failure::SlotUnavailable));
         assert!(full.retryable && full.exclude && !full.eject);
-        let dead = policy.judge(Outcome::Failed(Failure::Connect), 0);
+        let dead = policy.judge(Outcome::Failed(Failure::Connect));
         assert!(dead.exclude && dead.eject);
-        assert!(
-            !policy.judge(Outcome::Failed(Failure::BeforeFirstByte), 0).exclude,
-            "first: a stale connection"
-        );
-        assert!(
-            policy.judge(Outcome::Failed(Failure::BeforeFirstByte), 1).exclude,
-            "second: the backend"
-        );
-        let answered = policy.judge(Outcome::Answered(400), 2);
+        let died = policy.judge(Outcome::Failed(Failure::BeforeFirstByte));
+        assert!(died.retryable && died.exclude && !died.eject, "died under the request");
+        let answered = policy.judge(Outcome::Answered(400));
         assert!(!answered.retryable && !answered.exclude);
         assert_eq!(policy.next(&answered, 1), Next::GiveUp(GiveUp::NotRetryable));
     }
@@ -302,7 +332,7 @@ mod tests {
     fn attempts_and_the_budget_end_the_retries() {
         let routing = Routing { max_attempts: 3, retry_budget_min: 0, ..Routing::default() };
         let policy = RetryPolicy::new(&routing);
-        let verdict = policy.judge(Outcome::Failed(Failure::SlotUnavailable), 0);
+        let verdict = policy.judge(Outcome::Failed(Failure::SlotUnavailable));
         assert_eq!(policy.next(&verdict, 1), Next::GiveUp(GiveUp::Budget), "nothing deposited");
         for _ in 0..10 {
             policy.arrived();

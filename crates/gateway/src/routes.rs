@@ -12,10 +12,11 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, Method, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -68,15 +69,33 @@ pub(crate) const FORWARDED: [(&str, &str); 9] = [
 pub struct Routes {
     app: Arc<App>,
     max_body_bytes: usize,
+    /// A forwarded request's body must have arrived within this.
+    body_timeout: std::time::Duration,
     router: TowerToHyperService<Router>,
+    /// The client's address, on a connection's own copy.
+    peer: Option<SocketAddr>,
 }
 
 impl Routes {
-    /// The routes, with request bodies limited to `max_body_bytes`.
-    pub fn new(app: Arc<App>, max_body_bytes: usize) -> Self {
+    /// The routes, with request bodies limited to `max_body_bytes`, and a
+    /// forwarded one to `body_timeout`.
+    pub fn new(app: Arc<App>, max_body_bytes: usize, body_timeout: std::time::Duration) -> Self {
         let router = TowerToHyperService::new(router(app.clone(), max_body_bytes));
-        Self { app, max_body_bytes, router }
+        Self { app, max_body_bytes, body_timeout, router, peer: None }
     }
+
+    /// The routes for one connection from `peer`: the admin routes read it.
+    pub fn from(&self, peer: Option<SocketAddr>) -> Self {
+        Self { peer, ..self.clone() }
+    }
+}
+
+/// The peer of the connection a request came on, for the admin routes.
+pub type Peer = Option<axum::Extension<ConnectInfo<SocketAddr>>>;
+
+/// The address in a [`Peer`].
+pub fn peer(peer: Peer) -> Option<SocketAddr> {
+    peer.map(|axum::Extension(ConnectInfo(addr))| addr)
 }
 
 impl Service<Request<Incoming>> for Routes {
@@ -94,11 +113,15 @@ impl Service<Request<Incoming>> for Routes {
         let forwarded = FORWARDED.into_iter().find(|(alias, _)| *alias == path).map(|(_, to)| to);
         let answer: Self::Future = match forwarded.filter(|_| request.method() == Method::POST) {
             Some(path) => {
-                let (app, limit) = (self.app.clone(), self.max_body_bytes);
+                let (app, limit) = (self.app.clone(), (self.max_body_bytes, self.body_timeout));
                 let live = live.clone();
                 Box::pin(async move { Ok(forward(&app, path, request, limit, live).await) })
             }
             None => {
+                let mut request = request;
+                if let Some(peer) = self.peer {
+                    request.extensions_mut().insert(ConnectInfo(peer));
+                }
                 let answer = self.router.call(request);
                 Box::pin(async move { answer.await.map(IntoResponse::into_response) })
             }
@@ -120,7 +143,7 @@ async fn forward(
     app: &App,
     path: &'static str,
     request: Request<Incoming>,
-    limit: usize,
+    (limit, timeout): (usize, std::time::Duration),
     live: Arc<Live>,
 ) -> Response {
     let (head, body) = request.into_parts();
@@ -129,7 +152,13 @@ async fn forward(
         Err(err) => return slotgate_http::api_response(err),
     };
     let caller = Caller { live, tenant };
-    match Limited::new(body, limit).collect().await {
+    let Ok(body) = tokio::time::timeout(timeout, Limited::new(body, limit).collect()).await else {
+        return slotgate_http::rejection_response(
+            StatusCode::REQUEST_TIMEOUT,
+            "the request body did not arrive within connections.body_timeout_ms".into(),
+        );
+    };
+    match body {
         Ok(body) => app.forwarder.forward(path, &head.headers, body.to_bytes(), caller).await,
         // Worded as axum's own body rejections, which the other routes give.
         Err(e) if e.is::<LengthLimitError>() => slotgate_http::rejection_response(

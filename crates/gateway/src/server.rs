@@ -187,6 +187,7 @@ impl Gateway {
                 retry: Arc::new(RetryPolicy::new(&config.routing)),
                 metrics,
                 max_body_bytes: config.max_body_bytes,
+                limits: config.connections.limits(),
                 live,
                 book,
                 reload,

@@ -57,6 +57,13 @@ pub struct Open {
     worker: usize,
 }
 
+impl Spread {
+    /// Open connections on all workers together.
+    pub fn total(&self) -> usize {
+        self.open.iter().map(|open| open.load(Ordering::Relaxed)).sum()
+    }
+}
+
 impl Open {
     /// The worker that serves the connection.
     pub fn worker(&self) -> usize {

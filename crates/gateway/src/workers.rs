@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
+use slotgate_http::conn::{Held, Limits, Watched};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -30,6 +31,8 @@ pub(crate) struct Common {
     pub retry: Arc<RetryPolicy>,
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
     pub max_body_bytes: usize,
+    /// Bounds on client connections.
+    pub limits: slotgate_http::conn::Limits,
     pub live: LiveCell,
     pub book: Arc<UsageBook>,
     pub reload: Reload,
@@ -118,6 +121,7 @@ impl Worker {
                 shared.retry.clone(),
                 shared.live.clone(),
                 shared.book.clone(),
+                crate::proxy::Timeouts::of(&shared.routing),
             );
             let app = Arc::new(App {
                 reload: shared.reload.clone(),
@@ -125,12 +129,19 @@ impl Worker {
                 metrics: shared.metrics.clone(),
                 spread: spread.clone(),
             });
-            let routes = Routes::new(app, shared.max_body_bytes);
+            let limits = shared.limits;
+            let routes = Routes::new(app, shared.max_body_bytes, limits.body_timeout);
             let connections = GracefulShutdown::new();
-            let take = |stream: TcpStream, open: Open| serve(stream, open, &routes, &connections);
+            let take =
+                |stream: TcpStream, open: Open| serve(stream, open, &routes, &connections, limits);
             loop {
                 tokio::select! {
                     stream = accept(&listener) => {
+                        if spread.total() >= limits.max_connections {
+                            tracing::warn!(max = limits.max_connections, "connection refused: connections.max_connections open");
+                            drop(stream);
+                            continue;
+                        }
                         let open = spread.pick(index);
                         if open.worker() == index {
                             take(stream, open);
@@ -182,16 +193,40 @@ fn hand_over(
 }
 
 /// Serves one connection in a task of this thread, as HTTP/1.1 with no Nagle
-/// delay (a stream's small events go out at once); it counts as open on this
-/// worker until it ends.
-fn serve(stream: TcpStream, open: Open, routes: &Routes, connections: &GracefulShutdown) {
+/// delay (a stream's small events go out at once), within `limits`: the head's
+/// timeout, and closed once idle; it counts as open on this worker until it ends.
+fn serve(
+    stream: TcpStream,
+    open: Open,
+    routes: &Routes,
+    connections: &GracefulShutdown,
+    limits: Limits,
+) {
     let _ = stream.set_nodelay(true);
-    let connection = hyper::server::conn::http1::Builder::new()
-        .serve_connection(TokioIo::new(stream), routes.clone());
+    let routes = routes.from(stream.peer_addr().ok());
+    let (stream, activity) = Watched::new(stream);
+    let requests = activity.clone();
+    let service = hyper::service::service_fn(move |request| {
+        let busy = requests.enter();
+        let answer = hyper::service::Service::call(&routes, request);
+        async move {
+            // In hand until its body is sent: a long stream is not idle.
+            let response = answer.await?;
+            Ok::<_, std::convert::Infallible>(response.map(|body| Held::new(body, busy)))
+        }
+    });
+    let connection = limits.http1().serve_connection(TokioIo::new(stream), service);
     let connection = connections.watch(connection);
     tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!(error = %e, "connection ended");
+        tokio::select! {
+            result = connection => {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "connection ended");
+                }
+            }
+            () = activity.idle(limits.idle_timeout) => {
+                tracing::debug!("idle connection closed");
+            }
         }
         drop(open);
     });

@@ -1,6 +1,8 @@
 //! HTTP pieces the engine and the gateway share: the one place an [`ApiError`]
 //! becomes a response, the shutdown signal, the Prometheus recorder, and API keys.
 
+pub mod admin;
+pub mod conn;
 pub mod keys;
 
 use std::sync::OnceLock;

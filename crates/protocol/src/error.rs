@@ -23,6 +23,9 @@ pub enum ErrorType {
     ExceedContextSizeError,
     /// Something failed inside the server (500).
     ServerError,
+    /// A backend failed the request in a way that another attempt would repeat,
+    /// as when it killed every engine it reached (502).
+    UpstreamError,
     /// A type this crate does not know, as sent by some other server.
     #[serde(other)]
     Unknown,
@@ -39,6 +42,7 @@ impl ErrorType {
             Self::RateLimitError => 429,
             Self::UnavailableError => 503,
             Self::ServerError | Self::Unknown => 500,
+            Self::UpstreamError => 502,
         }
     }
 }

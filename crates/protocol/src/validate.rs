@@ -13,6 +13,11 @@ pub const MAX_N: u32 = 128;
 pub const MAX_STOP: usize = 4;
 /// Most inputs in one embeddings request, as OpenAI allows.
 pub const MAX_EMBEDDING_INPUTS: usize = 2048;
+/// Most tools one request may offer, as OpenAI allows.
+pub const MAX_TOOLS: usize = 128;
+/// Most prompts in one completions request. An engine takes fewer still: no more
+/// choices (prompts times `n`) than its slots and queue hold.
+pub const MAX_PROMPTS: usize = 2048;
 
 type Check = Result<(), ApiError>;
 
@@ -149,6 +154,13 @@ impl ChatCompletionRequest {
         }
         let choice = crate::ToolChoice::read(self.tool_choice.as_ref())?;
         let tools = self.tools.as_deref().unwrap_or_default();
+        if tools.len() > MAX_TOOLS {
+            return Err(ApiError::invalid(
+                "tools",
+                format!("tools must hold at most {MAX_TOOLS} tools, got {}", tools.len()),
+            ));
+        }
+        let mut names = std::collections::HashSet::with_capacity(tools.len());
         for (i, tool) in tools.iter().enumerate() {
             if tool.kind != "function" {
                 return Err(ApiError::invalid(
@@ -165,7 +177,7 @@ impl ChatCompletionRequest {
                     "a function name must be letters, digits, `_` or `-`",
                 ));
             }
-            if tools[..i].iter().any(|t| t.function.name == *name) {
+            if !names.insert(name.as_str()) {
                 return Err(ApiError::invalid(
                     format!("tools[{i}].function.name"),
                     format!("two tools are named `{name}`"),
@@ -214,6 +226,17 @@ impl CompletionRequest {
         };
         if empty {
             return Err(ApiError::invalid("prompt", "prompt must not be empty"));
+        }
+        let count = match &self.prompt {
+            Prompt::Texts(v) => v.len(),
+            Prompt::TokenArrays(v) => v.len(),
+            Prompt::Text(_) | Prompt::Tokens(_) => 1,
+        };
+        if count > MAX_PROMPTS {
+            return Err(ApiError::invalid(
+                "prompt",
+                format!("prompt must hold at most {MAX_PROMPTS} prompts, got {count}"),
+            ));
         }
         at_least_one("max_tokens", self.max_tokens)?;
         if self.suffix.as_deref().is_some_and(|s| !s.is_empty()) {

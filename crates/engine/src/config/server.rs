@@ -21,6 +21,25 @@ pub struct ServerSettings {
     /// Largest request body accepted, in bytes.
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     pub max_body_bytes: usize,
+    /// A request's head must arrive within this many milliseconds of its first byte.
+    #[arg(long, default_value_t = 30_000)]
+    pub header_timeout_ms: u64,
+    /// A request's body must arrive within this many milliseconds of its head.
+    #[arg(long, default_value_t = 60_000)]
+    pub body_timeout_ms: u64,
+    /// A connection with no request in hand that moves no byte for this many
+    /// milliseconds is closed. Longer than the gateway's
+    /// `routing.pool_idle_timeout_ms`, so that the gateway closes first.
+    #[arg(long, default_value_t = 120_000)]
+    pub idle_timeout_ms: u64,
+    /// Client connections open at once, at most; more are closed on arrival.
+    #[arg(long, default_value_t = 1024)]
+    pub max_connections: usize,
+    /// The scheduler thread may take this many milliseconds for one turn of its
+    /// loop (one decode step, with what it admits); past it `/health` answers 503
+    /// and the process exits, for its supervisor to start it again. 0: never.
+    #[arg(long, default_value_t = 60_000)]
+    pub stuck_timeout_ms: u64,
     /// On SIGTERM, how long running requests may take to finish, in milliseconds;
     /// what still runs then is cut off.
     #[arg(long, default_value_t = 30_000)]
@@ -31,12 +50,17 @@ pub struct ServerSettings {
     /// the answer can still be a plain 503 that a gateway retries elsewhere.
     #[arg(long, default_value_t = 10_000)]
     pub sse_keepalive_ms: u64,
-    /// The environment variable holding the admin key. When set, loading and
-    /// unloading models and the detail of `/slots` (what each slot holds) need
-    /// it, as `Authorization: Bearer KEY`. A gateway gives the engines it
-    /// starts a key of its own.
+    /// The environment variable holding the admin key. Loading and unloading
+    /// models need it, as `Authorization: Bearer KEY` (without one they are
+    /// closed, see `admin_loopback`), and so does the detail of `/slots` (what
+    /// each slot holds) when it is set. A gateway gives the engines it starts a
+    /// key of its own.
     #[arg(long)]
     pub admin_key_env: Option<String>,
+    /// Without an admin key, loading and unloading are refused to everyone;
+    /// with this set, they are served to callers on the loopback address.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub admin_loopback: bool,
     /// When set, models may be loaded at run time only from files under this
     /// directory.
     #[arg(long)]
@@ -54,6 +78,21 @@ pub struct ServerSettings {
 }
 
 impl ServerSettings {
+    /// How long one turn of the scheduler's loop may take, if bounded.
+    pub fn stuck_bound(&self) -> Option<std::time::Duration> {
+        (self.stuck_timeout_ms > 0).then(|| std::time::Duration::from_millis(self.stuck_timeout_ms))
+    }
+
+    /// The bounds on client connections.
+    pub fn limits(&self) -> slotgate_http::conn::Limits {
+        slotgate_http::conn::Limits::from_ms(
+            self.header_timeout_ms,
+            self.body_timeout_ms,
+            self.idle_timeout_ms,
+            self.max_connections,
+        )
+    }
+
     /// The admin key's SHA-256, when one is configured; an unset variable is an error.
     pub fn admin_key(&self) -> Result<Option<[u8; 32]>, EngineError> {
         let Some(var) = &self.admin_key_env else { return Ok(None) };

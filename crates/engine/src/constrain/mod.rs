@@ -3,6 +3,7 @@
 //! scheduler puts the grammar first in the choice's sampler chain, so every
 //! token sampled keeps the output inside it.
 
+pub mod budget;
 mod gbnf;
 pub mod schema;
 
@@ -45,11 +46,20 @@ pub fn grammar(
     }
     asked.extend(format);
     match asked.len() {
-        0 | 1 => Ok(asked.pop().map(|(_, g)| g)),
+        0 | 1 => asked.pop().map(|(param, g)| bounded(g, param)).transpose(),
         _ => Err(ApiError::invalid(
             asked[1].0,
             format!("`{}` and `{}` cannot both constrain one answer", asked[0].0, asked[1].0),
         )),
+    }
+}
+
+/// `grammar` if its cost is within [`budget`]'s limits, else a 400 naming `param`,
+/// the field it came from.
+pub fn bounded(grammar: String, param: &str) -> Result<String, ApiError> {
+    match budget::check(&grammar) {
+        Ok(()) => Ok(grammar),
+        Err(budget::Refused(why)) => Err(ApiError::invalid(param, why)),
     }
 }
 

@@ -59,9 +59,15 @@ const UNSUPPORTED: &[&str] = &[
     "prefixItems",
 ];
 
+/// Schemas nested in schemas, `$ref`s followed included, at most: the converter
+/// recurses once per level, and a `$ref` chain is as deep as it is long however
+/// flat its JSON is.
+pub const MAX_SCHEMA_DEPTH: usize = 64;
+
 /// The grammar whose root rule matches JSON valid against `schema`.
 pub fn to_gbnf(schema: &Value) -> Result<String, SchemaError> {
-    let mut builder = Builder { root: schema, rules: BTreeMap::new(), refs: BTreeSet::new() };
+    let mut builder =
+        Builder { root: schema, rules: BTreeMap::new(), refs: BTreeSet::new(), depth: 0 };
     let body = builder.visit(schema, "")?;
     Ok(builder.finish(&body))
 }
@@ -77,6 +83,8 @@ struct Builder<'a> {
     rules: BTreeMap<String, String>,
     /// `$ref`s whose rule is made or being made (recursion ends at the name).
     refs: BTreeSet<String>,
+    /// How deep `visit` is now.
+    depth: usize,
 }
 
 impl Builder<'_> {
@@ -91,6 +99,21 @@ impl Builder<'_> {
 
     /// An expression matching values valid against `schema`, found at `path`.
     fn visit(&mut self, schema: &Value, path: &str) -> Result<String, SchemaError> {
+        if self.depth >= MAX_SCHEMA_DEPTH {
+            return Err(SchemaError {
+                path: path.to_owned(),
+                message: format!(
+                    "the schema nests (or follows `$ref`s) over {MAX_SCHEMA_DEPTH} levels deep"
+                ),
+            });
+        }
+        self.depth += 1;
+        let result = self.visit_within(schema, path);
+        self.depth -= 1;
+        result
+    }
+
+    fn visit_within(&mut self, schema: &Value, path: &str) -> Result<String, SchemaError> {
         let err = |message: String| SchemaError { path: path.to_owned(), message };
         let map = match schema {
             Value::Bool(true) => return Ok("value".into()),

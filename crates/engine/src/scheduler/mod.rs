@@ -5,6 +5,7 @@
 //! same decode loop run it. Only the response writer differs.
 
 mod embed;
+mod heartbeat;
 mod host_cache;
 mod job;
 mod model;
@@ -32,6 +33,9 @@ use crate::error::EngineError;
 /// with 503 at once: the thread drains this channel every step, so it only fills
 /// under a burst far larger than any queue.
 const COMMAND_CAPACITY: usize = 1024;
+
+/// The scheduler thread's stack, in bytes.
+const SCHEDULER_STACK: usize = 64 << 20;
 
 /// Commands to the scheduler thread.
 pub(crate) enum Command {
@@ -97,6 +101,8 @@ pub struct Scheduler {
     snapshot: Arc<ArcSwap<Snapshot>>,
     /// The `seq` of the last published change, for those who wait for the next.
     changes: tokio::sync::watch::Receiver<u64>,
+    /// Whether the thread still comes round its loop.
+    heart: Arc<heartbeat::Heartbeat>,
 }
 
 impl Scheduler {
@@ -107,21 +113,28 @@ impl Scheduler {
         let shared = snapshot.clone();
         let (changed, changes) = tokio::sync::watch::channel(0);
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        std::thread::Builder::new().name("scheduler".into()).spawn(move || {
-            // The backend is created on this thread and never leaves it.
-            let mut backend = match LlamaBackend::init() {
-                Ok(backend) => backend,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(EngineError::Llama(e.to_string())));
-                    return;
-                }
-            };
-            backend.void_logs();
-            let _ = ready_tx.send(Ok(()));
-            worker::Worker::new(backend, receiver, shared, changed).run();
-        })?;
+        let heart = Arc::new(heartbeat::Heartbeat::default());
+        let beating = heart.clone();
+        // A large stack: llama.cpp recurses over a grammar's rules, and while
+        // `constrain::budget` bounds that depth, a margin costs only address space.
+        std::thread::Builder::new().name("scheduler".into()).stack_size(SCHEDULER_STACK).spawn(
+            move || {
+                let _alive = beating.alive();
+                // The backend is created on this thread and never leaves it.
+                let mut backend = match LlamaBackend::init() {
+                    Ok(backend) => backend,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(EngineError::Llama(e.to_string())));
+                        return;
+                    }
+                };
+                backend.void_logs();
+                let _ = ready_tx.send(Ok(()));
+                worker::Worker::new(backend, receiver, shared, changed, beating).run();
+            },
+        )?;
         ready_rx.recv().map_err(|_| EngineError::SchedulerGone)??;
-        Ok(Self { commands, snapshot, changes })
+        Ok(Self { commands, snapshot, changes, heart })
     }
 
     /// Sends a job. Its events, errors included, arrive on the job's channel.
@@ -197,6 +210,12 @@ impl Scheduler {
             }
             Err(TrySendError::Disconnected(_)) => Err(EngineError::SchedulerGone),
         }
+    }
+
+    /// Why the scheduler thread is not serving: stuck in one turn of its loop for
+    /// longer than `bound`, or ended; `None` while it serves.
+    pub fn failure(&self, bound: std::time::Duration) -> Option<String> {
+        self.heart.failed(bound)
     }
 
     /// The state of all models as last published.

@@ -44,6 +44,8 @@ pub(super) struct Worker {
     shown: Vec<(String, Vec<i64>, usize)>,
     /// How long a step that decoded took, in microseconds (moving average).
     step_us: u64,
+    /// Whether this thread comes round its loop, for `/health`.
+    heart: Arc<super::heartbeat::Heartbeat>,
 }
 
 impl Worker {
@@ -52,6 +54,7 @@ impl Worker {
         commands: Receiver<Command>,
         snapshot: Arc<ArcSwap<Snapshot>>,
         changed: tokio::sync::watch::Sender<u64>,
+        heart: Arc<super::heartbeat::Heartbeat>,
     ) -> Self {
         Self {
             backend,
@@ -65,6 +68,7 @@ impl Worker {
             changed,
             shown: Vec::new(),
             step_us: 0,
+            heart,
         }
     }
 
@@ -75,11 +79,15 @@ impl Worker {
             if !busy {
                 self.publish();
                 // Nothing to decode: sleep until a command arrives.
-                match self.commands.recv() {
+                self.heart.rest(true);
+                let cmd = self.commands.recv();
+                self.heart.rest(false);
+                match cmd {
                     Ok(cmd) => self.handle(cmd),
                     Err(_) => return,
                 }
             }
+            self.heart.beat();
             loop {
                 match self.commands.try_recv() {
                     Ok(cmd) => self.handle(cmd),
@@ -208,7 +216,10 @@ impl Worker {
         }
         self.snapshot.rcu(|s| Snapshot { loading: s.loading + 1, ..(**s).clone() });
         let started = Instant::now();
+        // A load takes as long as the file does: not stuck.
+        self.heart.rest(true);
         let result = ModelRuntime::load(&self.backend, settings);
+        self.heart.rest(false);
         self.snapshot.rcu(|s| Snapshot { loading: s.loading.saturating_sub(1), ..(**s).clone() });
         let result = result.map(|model| {
             tracing::info!(model = %model.id, elapsed = ?started.elapsed(), "load finished");

@@ -2,11 +2,13 @@
 //! `/metrics`.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use axum::extract::{Query, State};
+use axum::extract::{ConnectInfo, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -31,8 +33,12 @@ pub async fn models(State(state): State<AppState>) -> Json<ModelList> {
     Json(ModelList::new(names.collect()))
 }
 
-/// `GET /health`: 200 when a model serves, 503 while loading or with none.
+/// `GET /health`: 200 when a model serves, 503 while loading or with none, and
+/// 503 when the scheduler thread is stuck or gone (the process then exits).
 pub async fn health(State(state): State<AppState>) -> Response {
+    if let Some(why) = state.config.server.stuck_bound().and_then(|b| state.scheduler.failure(b)) {
+        return api_response(ApiError::new(ErrorType::UnavailableError, why).with_code("stuck"));
+    }
     let snapshot = state.scheduler.snapshot();
     if !snapshot.models.is_empty() {
         return Json(json!({"status": "ok"})).into_response();
@@ -96,6 +102,21 @@ pub struct SlotsQuery {
     model: Option<String>,
     #[serde(default)]
     fail_on_no_slot: Option<String>,
+}
+
+/// Lets in a load or unload: the admin key; without one, nobody, unless
+/// `admin_loopback` serves loopback callers. Always JSON, never cross-origin.
+fn admin_call(
+    state: &AppState,
+    headers: &HeaderMap,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
+) -> Result<(), ApiError> {
+    let gate = slotgate_http::admin::Gate {
+        key: state.admin_key.as_ref(),
+        loopback: state.config.server.admin_loopback,
+        setting: "admin_key_env",
+    };
+    gate.check(&axum::http::Method::POST, headers, peer.map(|Extension(ConnectInfo(p))| p))
 }
 
 /// Refuses a caller without the admin key, when one is configured.
@@ -166,10 +187,11 @@ const ALIASES: &[(&str, &str)] = &[
 /// settings of a model, with the engine's own settings as defaults.
 pub async fn load(
     State(state): State<AppState>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     headers: HeaderMap,
     JsonBody(body): JsonBody<BTreeMap<String, Value>>,
 ) -> Response {
-    if let Err(err) = admin_only(&state, &headers) {
+    if let Err(err) = admin_call(&state, &headers, peer) {
         return api_response(err);
     }
     let mut fields = serde_json::Map::new();
@@ -243,10 +265,11 @@ pub struct UnloadBody {
 /// id, the only loaded model.
 pub async fn unload(
     State(state): State<AppState>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    if let Err(err) = admin_only(&state, &headers) {
+    if let Err(err) = admin_call(&state, &headers, peer) {
         return api_response(err);
     }
     let body: UnloadBody = if body.iter().all(u8::is_ascii_whitespace) {

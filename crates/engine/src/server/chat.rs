@@ -82,11 +82,18 @@ pub async fn chat(
                 // A call that may not happen is left free; one that must is
                 // constrained to the template's format.
                 if plan.required {
-                    params.grammar = plan.native_grammar().map_err(|e| fail(&model, e))?;
+                    params.grammar = plan
+                        .native_grammar()
+                        .and_then(|g| g.map(|g| crate::constrain::bounded(g, "tools")).transpose())
+                        .map_err(|e| fail(&model, e))?;
                 }
             }
             None => {
-                params.grammar = Some(plan.generic_grammar().map_err(|e| fail(&model, e))?);
+                let grammar = plan
+                    .generic_grammar()
+                    .and_then(|g| crate::constrain::bounded(g, "tools"))
+                    .map_err(|e| fail(&model, e))?;
+                params.grammar = Some(grammar);
                 messages = plan.generic_messages(messages);
             }
         }

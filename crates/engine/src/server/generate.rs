@@ -52,9 +52,11 @@ pub(super) async fn run(
     headers: &axum::http::HeaderMap,
 ) -> Result<(Option<Event>, UnboundedReceiver<Event>), EngineError> {
     let scheduler = &state.scheduler;
-    if !scheduler.snapshot().models.iter().any(|m| m.id == model) {
+    let snapshot = scheduler.snapshot();
+    let Some(served) = snapshot.models.iter().find(|m| m.id == model) else {
         return Err(fail(model, ApiError::model_not_found(model)));
-    }
+    };
+    check_choices(&input, &params, served.info.max_choices).map_err(|e| fail(model, e))?;
     // Which gateway replica sent it: the slot state says so, for replicas to
     // tell their own requests from the others'.
     let replica = headers
@@ -73,6 +75,33 @@ pub(super) async fn run(
         None => Some(answer::first_event(&mut rx).await.map_err(|e| fail(model, e))?),
     };
     Ok((first, rx))
+}
+
+/// Refuses a job of more choices (prompts times `n`) than the model's slots and
+/// queue hold together: it could never be admitted whole, so it is the request's
+/// 400, not the engine's "full" (which a gateway would take as a reason to mark
+/// the engine full and look elsewhere).
+fn check_choices(input: &JobInput, params: &GenParams, max: u32) -> Result<(), ApiError> {
+    let prompts = match input {
+        JobInput::Chat(..) => 1,
+        JobInput::Prompts(items) => items.len() as u64,
+    };
+    let choices = prompts * u64::from(params.n);
+    if choices <= u64::from(max) {
+        return Ok(());
+    }
+    let (param, what) = if prompts == 1 {
+        ("n", format!("n is {}", params.n))
+    } else {
+        ("prompt", format!("{prompts} prompts times n = {} make {choices} choices", params.n))
+    };
+    Err(ApiError::invalid(
+        param,
+        format!(
+            "{what}, but this model takes at most {max} choices at once (its slots and queue, \
+             n_parallel + queue_size); send fewer in one request"
+        ),
+    ))
 }
 
 /// The keep-alive interval of streams, if there is one.

@@ -10,7 +10,7 @@ mod events;
 mod generate;
 mod tokens;
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -91,6 +91,8 @@ async fn method_not_allowed() -> axum::response::Response {
 pub struct Running {
     /// Where it listens.
     pub addr: SocketAddr,
+    /// Its scheduler, for the watchdog.
+    pub scheduler: Scheduler,
     /// Ends when the server has stopped: once the requests that were running at
     /// the shutdown signal are done, or at `drain_timeout_ms`, whichever is first.
     pub task: tokio::task::JoinHandle<Result<(), EngineError>>,
@@ -116,6 +118,7 @@ pub async fn serve(
     let scheduler = Scheduler::start()?;
     let settings: ModelSettings = config.model.clone();
     let drain = Duration::from_millis(config.server.drain_timeout_ms);
+    let state_limits = config.server.limits();
     let draining = CancellationToken::new();
     let state = AppState {
         scheduler: scheduler.clone(),
@@ -131,26 +134,24 @@ pub async fn serve(
         shutdown.await;
         signal.cancel();
     });
+    let limits = state_limits;
     let task = tokio::spawn(async move {
         let server =
-            axum::serve(listener, app).with_graceful_shutdown(draining.clone().cancelled_owned());
-        let mut server = std::pin::pin!(server.into_future());
+            slotgate_http::conn::serve(listener, app, limits, draining.clone().cancelled_owned());
+        let mut server = std::pin::pin!(server);
         tokio::select! {
-            result = &mut server => return result.map_err(EngineError::from),
+            () = &mut server => return Ok(()),
             () = draining.cancelled() => {}
         }
         // A stream can run for minutes; the process that sent SIGTERM (a
         // supervisor, Kubernetes) waits only so long, as the gateway does.
-        match tokio::time::timeout(drain, server).await {
-            Ok(result) => result.map_err(EngineError::from),
-            Err(_) => {
-                tracing::warn!(?drain, "drain timeout passed; cutting off running requests");
-                Ok(())
-            }
+        if tokio::time::timeout(drain, server).await.is_err() {
+            tracing::warn!(?drain, "drain timeout passed; cutting off running requests");
         }
+        Ok(())
     });
     if settings.model.is_some() {
         scheduler.load(settings).await?;
     }
-    Ok(Running { addr, task })
+    Ok(Running { addr, scheduler, task })
 }

@@ -10,6 +10,10 @@ pub struct AuthConfig {
     /// The environment variable holding the admin API's key.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub admin_key_env: Option<String>,
+    /// Without an admin key, the admin API and `/ui` are closed to everyone;
+    /// with this set, they are served to callers on the loopback address.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub admin_loopback: bool,
     /// A Redis server (`redis://host:port`) holding the rate-limit counters,
     /// so that every replica enforces the same limits.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -1,6 +1,8 @@
 //! Who is calling: the client keys (`[[keys]]`) and the admin key. Without any
 //! client key the gateway is open, as before; with keys, every forwarded request
 //! and model list needs one, compared in constant time against stored hashes.
+//! The admin API is closed without an admin key (or, opted in, served to the
+//! loopback address only).
 //! The secret is never kept, logged nor used as a label: only its SHA-256 and
 //! the key's name.
 
@@ -9,9 +11,10 @@ pub mod cors;
 pub mod limits;
 pub mod shared;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, Method};
 use slotgate_protocol::{ApiError, ErrorType};
 
 use config::{AuthConfig, KeyConfig, Priority};
@@ -55,6 +58,8 @@ impl Tenant {
 pub struct Auth {
     tenants: Vec<Arc<Tenant>>,
     admin: Option<[u8; 32]>,
+    /// Without an admin key, admin calls from the loopback address are served.
+    admin_loopback: bool,
 }
 
 impl Auth {
@@ -75,7 +80,7 @@ impl Auth {
                 usage,
             }));
         }
-        Ok(Self { tenants, admin })
+        Ok(Self { tenants, admin, admin_loopback: auth.admin_loopback })
     }
 
     /// Whether clients need no key.
@@ -109,31 +114,31 @@ impl Auth {
         found.map(Some).ok_or_else(|| unauthorized("the API key is not valid"))
     }
 
-    /// Whether the caller may use the admin API: it sent the admin key, or the
-    /// gateway has neither client keys nor an admin key (open, as before).
-    pub fn admin(&self, headers: &HeaderMap) -> Result<(), ApiError> {
-        let Some(admin) = &self.admin else {
-            if self.is_open() {
-                return Ok(());
+    /// Whether the caller may make an admin call (`method`, from `peer`): it sent
+    /// the admin key; without one configured, nobody may, unless
+    /// `auth.admin_loopback` lets in callers on the loopback address. Never
+    /// from another web origin; a POST must be JSON.
+    pub fn admin(
+        &self,
+        method: &Method,
+        headers: &HeaderMap,
+        peer: Option<SocketAddr>,
+    ) -> Result<(), ApiError> {
+        if let (Some(admin), Some(secret)) = (&self.admin, presented(headers)) {
+            let d = digest(secret);
+            if !same(admin, &d) && self.tenants.iter().any(|t| same(&t.digest, &d)) {
+                return Err(ApiError::new(
+                    ErrorType::PermissionError,
+                    "a client key does not open the admin API",
+                ));
             }
-            return Err(ApiError::new(
-                ErrorType::PermissionError,
-                "the admin API is closed: no admin key is configured (auth.admin_key_env)",
-            ));
-        };
-        let Some(secret) = presented(headers) else {
-            return Err(unauthorized("the admin API needs the admin key"));
-        };
-        if same(admin, &digest(secret)) {
-            return Ok(());
         }
-        if self.tenants.iter().any(|t| same(&t.digest, &digest(secret))) {
-            return Err(ApiError::new(
-                ErrorType::PermissionError,
-                "a client key does not open the admin API",
-            ));
-        }
-        Err(unauthorized("the API key is not valid"))
+        let gate = slotgate_http::admin::Gate {
+            key: self.admin.as_ref(),
+            loopback: self.admin_loopback,
+            setting: "auth.admin_key_env",
+        };
+        gate.check(method, headers, peer)
     }
 }
 
@@ -156,7 +161,8 @@ mod tests {
     fn auth(admin_env: Option<&str>) -> Auth {
         let keys =
             [KeyConfig { name: "a".into(), key: Some("sk-a".into()), ..KeyConfig::default() }];
-        let config = AuthConfig { admin_key_env: admin_env.map(Into::into), redis_url: None };
+        let config =
+            AuthConfig { admin_key_env: admin_env.map(Into::into), ..AuthConfig::default() };
         Auth::build(&keys, &config, &UsageBook::default()).unwrap()
     }
 
@@ -175,8 +181,14 @@ mod tests {
             let err = auth.identify(&bad).unwrap_err();
             assert_eq!((err.status(), err.code.as_deref()), (401, Some("invalid_api_key")));
         }
-        assert_eq!(auth.admin(&bearer).unwrap_err().status(), 403, "no admin key: closed");
-        assert!(Auth::default().admin(&HeaderMap::new()).is_ok(), "open as before");
+        let local: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let get = |auth: &Auth, h: &HeaderMap| auth.admin(&Method::GET, h, Some(local));
+        assert_eq!(get(&auth, &bearer).unwrap_err().status(), 403, "no admin key: closed");
+        assert_eq!(get(&Auth::default(), &HeaderMap::new()).unwrap_err().status(), 403, "closed");
+        let loopback = Auth { admin_loopback: true, ..Auth::default() };
+        assert!(get(&loopback, &HeaderMap::new()).is_ok(), "opted in, on loopback");
+        let remote: SocketAddr = "192.0.2.1:1".parse().unwrap();
+        assert!(loopback.admin(&Method::GET, &HeaderMap::new(), Some(remote)).is_err());
         assert!(Auth::default().identify(&HeaderMap::new()).unwrap().is_none());
     }
 
@@ -186,9 +198,10 @@ mod tests {
         std::env::set_var("SLOTGATE_TEST_ADMIN_KEY_UNIT", "sk-admin");
         let auth = auth(Some("SLOTGATE_TEST_ADMIN_KEY_UNIT"));
         let admin = headers("authorization", "Bearer sk-admin");
-        assert!(auth.admin(&admin).is_ok());
+        let get = |h: &HeaderMap| auth.admin(&Method::GET, h, None);
+        assert!(get(&admin).is_ok());
         assert_eq!(auth.identify(&admin).unwrap_err().status(), 401);
-        assert_eq!(auth.admin(&headers("authorization", "Bearer sk-a")).unwrap_err().status(), 403);
-        assert_eq!(auth.admin(&HeaderMap::new()).unwrap_err().status(), 401);
+        assert_eq!(get(&headers("authorization", "Bearer sk-a")).unwrap_err().status(), 403);
+        assert_eq!(get(&HeaderMap::new()).unwrap_err().status(), 401);
     }
 }

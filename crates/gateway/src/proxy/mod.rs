@@ -7,6 +7,7 @@
 //! retried; if the backend dies mid-stream the client gets a final SSE error event.
 
 mod peek;
+mod poison;
 mod record;
 mod relay;
 mod strip;
@@ -27,7 +28,7 @@ use crate::error::{api_response, RETRY_AFTER_SECS};
 use crate::live::{Live, LiveCell};
 use crate::metrics as m;
 use crate::pool::{Claim, Class, Pool, Wait};
-use crate::retry::{Failure, Next, Outcome, RetryPolicy};
+use crate::retry::{Failure, Next, Outcome, Refusal, RetryPolicy};
 use crate::upstream::{Body as UpstreamBody, SendError, Upstream};
 use record::Record;
 use relay::Relay;
@@ -37,6 +38,11 @@ pub const REQUEST_ID: &str = "x-request-id";
 
 /// The header with which a request says how long it may wait to start, in ms.
 pub const DEADLINE: &str = "x-slotgate-deadline-ms";
+
+/// How long a backend that said it is full counts as full without a report of
+/// its slots: long enough not to send it the next requests of a burst, short
+/// enough that a wrong mark costs one pause, not an outage.
+const FULL_MARK: Duration = Duration::from_secs(1);
 
 /// Forwards requests: the pool to claim slots from, the client to reach
 /// backends with, and the retry policy.
@@ -49,6 +55,29 @@ pub struct Forwarder {
     live: LiveCell,
     /// What each key has used, against its limits.
     book: Arc<UsageBook>,
+    /// Requests that killed backends.
+    poisons: poison::Poisons,
+    /// How long a backend may be silent.
+    timeouts: Timeouts,
+}
+
+/// How long a backend may be silent: before its first byte, and between chunks.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// To the first byte of the answer (a whole answer, when not streamed).
+    pub first_byte: Duration,
+    /// Between two chunks of a stream.
+    pub chunk: Duration,
+}
+
+impl Timeouts {
+    /// From `routing`.
+    pub fn of(routing: &crate::config::Routing) -> Self {
+        Self {
+            first_byte: Duration::from_millis(routing.first_byte_timeout_ms),
+            chunk: Duration::from_millis(routing.chunk_timeout_ms),
+        }
+    }
 }
 
 /// Who sent a request, as the routes found out.
@@ -67,8 +96,9 @@ impl Forwarder {
         retry: Arc<RetryPolicy>,
         live: LiveCell,
         book: Arc<UsageBook>,
+        timeouts: Timeouts,
     ) -> Self {
-        Self { pool, upstream, retry, live, book }
+        Self { pool, upstream, retry, live, book, poisons: poison::Poisons::default(), timeouts }
     }
 
     /// The live settings in force now.
@@ -120,6 +150,9 @@ impl Forwarder {
         caller: Caller,
     ) -> Result<Response, ApiError> {
         let mut peek = peek::peek(&body, headers, self.pool.uses_affinity())?;
+        self.poisons.check(&body).inspect_err(|_| {
+            tracing::warn!(request_id = ?request_id, "refused: this request killed backends lately");
+        })?;
         let asked = peek.model.clone();
         let target = caller.live.aliases.get(&peek.model);
         // Keys are charged for tokens, so a stream must report them: asked for
@@ -171,6 +204,8 @@ impl Forwarder {
         let mut failed = 0;
         let mut last = None;
         let mut made = 0;
+        // Backends that died while this request was on them.
+        let mut deaths = 0;
         loop {
             if !self.pool.has_other(model, &exclude) {
                 // Nowhere else to go: the same backend again, on a fresh attempt.
@@ -193,10 +228,17 @@ impl Forwarder {
                 Ok((status, _)) => Outcome::Answered(status.as_u16()),
                 Err(failure) => Outcome::Failed(*failure),
             };
-            let verdict = self.retry.judge(outcome, failed);
+            let verdict = self.retry.judge(outcome);
             if !verdict.retryable {
                 if let Ok((status, answer)) = result {
-                    return Ok(answer.into_response(&backend, status, record, strip_usage));
+                    let silence = self.timeouts.chunk;
+                    return Ok(answer.into_response(
+                        &backend,
+                        status,
+                        record,
+                        strip_usage,
+                        silence,
+                    ));
                 }
                 break;
             }
@@ -208,6 +250,15 @@ impl Forwarder {
             }
             failed += 1;
             if let Outcome::Failed(failure) = outcome {
+                if failure.is_death() {
+                    deaths += 1;
+                    if deaths >= poison::DEATHS {
+                        tracing::error!(request_id = ?request_id, model, "{deaths} backends died under this request: refused as poison");
+                        let err = self.poisons.remember(&body);
+                        record.refused(err.status());
+                        return Err(err);
+                    }
+                }
                 last = Some(failure);
                 metrics::counter!(m::RETRIES, "reason" => failure.label()).increment(1);
                 tracing::info!(request_id = ?request_id, backend = %backend.url(), reason = failure.label(), "attempt failed");
@@ -249,28 +300,41 @@ impl Forwarder {
             extra.push((header::AUTHORIZATION, key.clone()));
         }
         let url = backend.url();
+        let deadline = tokio::time::Instant::now() + self.timeouts.first_byte;
+        let silent = || {
+            tracing::warn!(backend = %backend.url(), "no answer within routing.first_byte_timeout_ms");
+            Failure::Silent
+        };
         let posted = self.upstream.post(&url, send.path, extra, send.body.clone());
-        let reply = posted.await.map_err(|e| {
+        let posted = tokio::time::timeout_at(deadline, posted).await.map_err(|_| silent())?;
+        let reply = posted.map_err(|e| {
             tracing::debug!(error = %e, backend = %backend.url(), "no answer");
             match e {
-                SendError::Connect(_) => Failure::Connect,
-                SendError::Broken(_) | SendError::Uri(_) => Failure::BeforeFirstByte,
+                // A URL that makes no URI is the backend's configuration at fault:
+                // out of rotation, as for a refused connection.
+                SendError::Connect(_) | SendError::Uri(_) => Failure::Connect,
+                SendError::Broken(_) => Failure::BeforeFirstByte,
             }
         })?;
         let status = reply.status;
         let mut upstream = reply.body;
         if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
             let bytes = collect(upstream).await.unwrap_or_default();
-            if crate::retry::is_refusal(status.as_u16(), &bytes) {
-                backend.mark_full();
-                return Err(Failure::SlotUnavailable);
+            match crate::retry::refusal(status.as_u16(), &bytes) {
+                Some(Refusal::Full) => {
+                    self.mark_full(backend);
+                    return Err(Failure::SlotUnavailable);
+                }
+                Some(Refusal::Busy) => return Err(Failure::SlotUnavailable),
+                None => {}
             }
             return Ok((status, Answer::Whole(bytes)));
         }
         if stream && status.is_success() {
             // A failure before the first chunk is still invisible to the client.
             let first = loop {
-                match upstream.frame().await {
+                let frame = tokio::time::timeout_at(deadline, upstream.frame());
+                match frame.await.map_err(|_| silent())? {
                     Some(Ok(frame)) => match frame.into_data() {
                         Ok(data) if !data.is_empty() => break data,
                         _ => continue,
@@ -280,8 +344,25 @@ impl Forwarder {
             };
             return Ok((status, Answer::Stream { first, upstream, claim }));
         }
-        let bytes = collect(upstream).await.map_err(|_| Failure::BrokenBody)?;
+        let bytes =
+            tokio::time::timeout_at(deadline, collect(upstream)).await.map_err(|_| silent())?;
+        let bytes = bytes.map_err(|_| Failure::BrokenBody)?;
         Ok((status, Answer::Whole(bytes)))
+    }
+}
+
+impl Forwarder {
+    /// Marks `backend` full until it reports its slots, or for [`FULL_MARK`] at
+    /// most; then the requests waiting for it are woken.
+    fn mark_full(&self, backend: &Arc<Backend>) {
+        let mark = backend.mark_full();
+        let (pool, backend) = (self.pool.clone(), backend.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(FULL_MARK).await;
+            if backend.unmark_full(mark) {
+                pool.wake_backend(&backend);
+            }
+        });
     }
 }
 
@@ -323,6 +404,7 @@ impl Answer {
         status: StatusCode,
         mut record: Record,
         strip_usage: bool,
+        silence: Duration,
     ) -> Response {
         record.answered(backend.url(), status.as_u16());
         match self {
@@ -341,7 +423,7 @@ impl Answer {
             }
             Self::Stream { first, upstream, claim } => {
                 let strip = strip_usage.then(strip::UsageStrip::default);
-                let relay = Relay::new(first, upstream, claim, record, strip);
+                let relay = Relay::new(first, upstream, claim, record, strip, silence);
                 let mut response = Response::new(Body::new(relay));
                 *response.status_mut() = status;
                 let h = response.headers_mut();

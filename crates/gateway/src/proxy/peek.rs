@@ -3,6 +3,7 @@
 use axum::http::HeaderMap;
 use serde::Deserialize;
 use serde_json::Value;
+use slotgate_protocol::validate::MAX_N;
 use slotgate_protocol::ApiError;
 
 use crate::affinity::{Opening, Said};
@@ -27,6 +28,7 @@ struct Head {
     model: Option<Value>,
     stream: Option<Value>,
     stream_options: Option<Value>,
+    n: Option<Value>,
 }
 
 /// [`Head`] and what the affinity key is derived from ([`Said`]): of a chat,
@@ -38,6 +40,7 @@ struct Keyed<'a> {
     model: Option<Value>,
     stream: Option<Value>,
     stream_options: Option<Value>,
+    n: Option<Value>,
     prompt_cache_key: Option<Value>,
     #[serde(borrow)]
     messages: Option<Opening<'a>>,
@@ -50,15 +53,19 @@ struct Keyed<'a> {
 /// `affinity` is asked for. A missing model is left empty, for the caller to
 /// fill in when only one model is served.
 pub fn peek(body: &[u8], headers: &HeaderMap, affinity: bool) -> Result<Peek, ApiError> {
-    let (model, stream, options, keyed) = if affinity {
+    let (model, stream, options, n, keyed) = if affinity {
         let k: Keyed = slotgate_protocol::parse_json(body)?;
         let said =
             Said { prompt_cache_key: k.prompt_cache_key, messages: k.messages, prompt: k.prompt };
-        (k.model, k.stream, k.stream_options, Some(said))
+        (k.model, k.stream, k.stream_options, k.n, Some(said))
     } else {
         let head: Head = slotgate_protocol::parse_json(body)?;
-        (head.model, head.stream, head.stream_options, None)
+        (head.model, head.stream, head.stream_options, head.n, None)
     };
+    // Refused before a slot is claimed for it; the backend checks the rest.
+    if let Some(n) = n.as_ref().and_then(Value::as_u64).filter(|&n| n > u64::from(MAX_N)) {
+        return Err(ApiError::invalid("n", format!("n must be at most {MAX_N}, got {n}")));
+    }
     let model = match model {
         Some(Value::String(m)) => m,
         Some(_) => return Err(ApiError::invalid("model", "model must be a string")),
@@ -116,6 +123,9 @@ mod tests {
             // Broken JSON after the two fields is still refused, not skipped.
             assert_eq!(peek(br#"{"model":"m","x":[1,}"#, &h, affinity).unwrap_err().status(), 400);
             assert_eq!(peek(b"{", &h, affinity).unwrap_err().status(), 400);
+            let many = peek(br#"{"model":"m","n":129}"#, &h, affinity).unwrap_err();
+            assert_eq!((many.status(), many.param.as_deref()), (400, Some("n")));
+            assert!(peek(br#"{"model":"m","n":128}"#, &h, affinity).is_ok());
         }
     }
 

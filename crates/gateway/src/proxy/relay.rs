@@ -6,8 +6,12 @@
 //! the engine to free its slot.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::time::{Instant, Sleep};
 
 use axum::body::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -29,20 +33,39 @@ pub struct Relay {
     ended: bool,
     /// Whether the backend declared the stream's length, which the client then gets.
     sized: bool,
+    /// Longest silence of the backend between two chunks.
+    silence: Duration,
+    /// When the last chunk came.
+    last: Instant,
+    /// Armed while the backend is silent.
+    timer: Option<Pin<Box<Sleep>>>,
 }
 
 impl Relay {
-    /// Relays `first`, then the rest of `upstream`.
+    /// Relays `first`, then the rest of `upstream`, which may be silent for
+    /// `silence` at most between chunks.
     pub fn new(
         first: Bytes,
         upstream: Upstream,
         claim: Claim,
         record: Record,
         strip: Option<UsageStrip>,
+        silence: Duration,
     ) -> Self {
         // A stream with an event taken out cannot keep its declared length.
         let sized = upstream.size_hint().exact().is_some() && strip.is_none();
-        let mut relay = Self { first: None, upstream, claim, record, strip, ended: false, sized };
+        let mut relay = Self {
+            first: None,
+            upstream,
+            claim,
+            record,
+            strip,
+            ended: false,
+            sized,
+            silence,
+            last: Instant::now(),
+            timer: None,
+        };
         relay.first = Some(relay.pass(first));
         relay
     }
@@ -55,6 +78,43 @@ impl Relay {
             Some(strip) => strip.filter(data),
             None => data,
         }
+    }
+}
+
+impl Relay {
+    /// The backend has nothing yet: pending, unless it has been silent too long.
+    fn wait(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let deadline = self.last + self.silence;
+        let timer = match &mut self.timer {
+            Some(timer) => {
+                if timer.deadline() != deadline {
+                    timer.as_mut().reset(deadline);
+                }
+                timer
+            }
+            None => self.timer.insert(Box::pin(tokio::time::sleep_until(deadline))),
+        };
+        if timer.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        tracing::warn!(backend = %self.claim.backend.url(), silence = ?self.silence, "backend silent mid-stream: answer cut off");
+        // Dropping the upstream body closes its connection: the engine frees the slot.
+        self.fail(&format!(
+            "the backend sent nothing for {} ms (routing.chunk_timeout_ms); the answer is incomplete",
+            self.silence.as_millis()
+        ))
+    }
+
+    /// Ends the stream with an error event (or, in a declared length, cut short).
+    fn fail(&mut self, message: &str) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.ended = true;
+        if self.sized {
+            // No room for an error event in a declared length: the short body,
+            // cut off, tells the client instead.
+            return Poll::Ready(None);
+        }
+        let err = ApiError::new(ErrorType::ServerError, message);
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from(sse::encode(&err.into_envelope()))))))
     }
 }
 
@@ -78,9 +138,10 @@ impl Body for Relay {
         }
         loop {
             match Pin::new(&mut this.upstream).poll_frame(cx) {
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => return this.wait(cx),
                 Poll::Ready(Some(Ok(frame))) => {
                     let Ok(data) = frame.into_data() else { continue };
+                    this.last = Instant::now();
                     let data = this.pass(data);
                     if this.upstream.is_end_stream() {
                         // The declared length is read: hyper will not poll again.
@@ -90,18 +151,8 @@ impl Body for Relay {
                 }
                 Poll::Ready(Some(Err(err))) => {
                     tracing::warn!(error = %err, backend = %this.claim.backend.url(), "backend failed mid-stream");
-                    this.ended = true;
-                    if this.sized {
-                        // No room for an error event in a declared length: the
-                        // short body, cut off, tells the client instead.
-                        return Poll::Ready(None);
-                    }
-                    let err = ApiError::new(
-                        ErrorType::ServerError,
-                        "the backend failed while streaming; the answer is incomplete",
-                    );
-                    let event = Bytes::from(sse::encode(&err.into_envelope()));
-                    return Poll::Ready(Some(Ok(Frame::data(event))));
+                    return this
+                        .fail("the backend failed while streaming; the answer is incomplete");
                 }
                 Poll::Ready(None) => {
                     this.ended = true;

@@ -5,7 +5,8 @@
 //! model, the last minute's rates and percentiles, and the latest refusals.
 //! `GET /ui/state` is one such snapshot as JSON.
 //!
-//! With keys configured, all three need the admin key. A browser cannot set a
+//! All three need the admin key (or, without one, `auth.admin_loopback` and a
+//! caller on the loopback address). A browser cannot set a
 //! header on a page load or an `EventSource`, so the key is also taken as the
 //! password of HTTP Basic authentication, which the browser asks for once and
 //! then sends with every request to the page's origin.
@@ -25,7 +26,7 @@ use slotgate_protocol::SlotStatus;
 
 use crate::backend::Backend;
 use crate::pool::Pool;
-use crate::routes::{App, Shared};
+use crate::routes::{peer, App, Peer, Shared};
 
 /// The page, built in.
 const PAGE: &str = include_str!("page.html");
@@ -45,7 +46,7 @@ pub fn routes() -> Router<Arc<App>> {
 
 /// `None` when the caller may see the dashboard, else the refusal: a 401 that
 /// makes a browser ask for the key.
-fn refuse(app: &App, headers: &HeaderMap) -> Option<Response> {
+fn refuse(app: &App, headers: &HeaderMap, from: Peer) -> Option<Response> {
     let auth = &app.forwarder.live().auth;
     let mut presented = headers.clone();
     let basic = headers
@@ -61,7 +62,11 @@ fn refuse(app: &App, headers: &HeaderMap) -> Option<Response> {
             presented.insert(header::AUTHORIZATION, bearer);
         }
     }
-    let err = auth.admin(&presented).err()?;
+    let err = auth.admin(&axum::http::Method::GET, &presented, peer(from)).err()?;
+    if matches!(err.code.as_deref(), Some("admin_closed" | "cross_origin")) {
+        // No key would open it: asking for one would only mislead.
+        return Some(slotgate_http::api_response(err));
+    }
     let mut response = slotgate_http::api_response(err);
     *response.status_mut() = StatusCode::UNAUTHORIZED;
     response.headers_mut().insert(
@@ -71,8 +76,8 @@ fn refuse(app: &App, headers: &HeaderMap) -> Option<Response> {
     Some(response)
 }
 
-async fn page(State(app): Shared, headers: HeaderMap) -> Response {
-    if let Some(refused) = refuse(&app, &headers) {
+async fn page(State(app): Shared, from: Peer, headers: HeaderMap) -> Response {
+    if let Some(refused) = refuse(&app, &headers, from) {
         return refused;
     }
     let headers = [
@@ -84,15 +89,15 @@ async fn page(State(app): Shared, headers: HeaderMap) -> Response {
     (headers, PAGE).into_response()
 }
 
-async fn state(State(app): Shared, headers: HeaderMap) -> Response {
-    if let Some(refused) = refuse(&app, &headers) {
+async fn state(State(app): Shared, from: Peer, headers: HeaderMap) -> Response {
+    if let Some(refused) = refuse(&app, &headers, from) {
         return refused;
     }
     axum::Json(snapshot(app.forwarder.pool()).await).into_response()
 }
 
-async fn events(State(app): Shared, headers: HeaderMap) -> Response {
-    if let Some(refused) = refuse(&app, &headers) {
+async fn events(State(app): Shared, from: Peer, headers: HeaderMap) -> Response {
+    if let Some(refused) = refuse(&app, &headers, from) {
         return refused;
     }
     let pool = app.forwarder.pool().clone();

@@ -57,6 +57,8 @@ pub struct ModelInfo {
     pub ctx_len: u32,
     /// Slots.
     pub n_parallel: u32,
+    /// Most choices one request may ask for: its slots and queue together.
+    pub max_choices: u32,
     /// The template in use: `gemma`, `chatml`, `llama3`, `prompts`, `jinja` or `model`.
     pub template_name: &'static str,
     /// The Jinja template in use, else the GGUF's own, else empty.
@@ -156,6 +158,7 @@ impl ModelRuntime {
             path: path.display().to_string(),
             ctx_len: settings.ctx_len,
             n_parallel: settings.n_parallel,
+            max_choices: settings.n_parallel.saturating_add(settings.queue_size),
             template_name: template.name(),
             aliases: settings.aliases.clone(),
             meta: meta(&model, settings.ctx_len),
