@@ -145,8 +145,9 @@ pub enum Event {
 pub struct Job {
     /// The model asked for.
     pub model: String,
-    /// What to generate from.
-    pub input: JobInput,
+    /// Its prompts, read into tokens before the job was handed over
+    /// ([`super::Reader`]), each with the text an echo sends.
+    pub prompts: Vec<(Vec<llama_cpp_2::token::LlamaToken>, String)>,
     /// How to sample.
     pub params: GenParams,
     /// Where events go; dropping its receiver cancels the job.

@@ -24,7 +24,7 @@ use tokio::sync::{mpsc, oneshot};
 
 pub use embed::Embedded;
 pub use job::{ChoiceUsage, Event, GenParams, Job, JobInput};
-pub use model::{ModelSnapshot, VocabAnswer, VocabJob, VocabOp};
+pub use model::{ModelSnapshot, Reader, VocabAnswer, VocabOp};
 
 use crate::config::ModelSettings;
 use crate::error::EngineError;
@@ -41,7 +41,6 @@ const SCHEDULER_STACK: usize = 64 << 20;
 pub(crate) enum Command {
     Submit(Job),
     Embed(EmbedJob),
-    Vocab(VocabJob),
     Load(ModelSettings, oneshot::Sender<Result<String, EngineError>>),
     Unload(String, oneshot::Sender<Result<(), EngineError>>),
 }
@@ -159,11 +158,12 @@ impl Scheduler {
     }
 
     /// Tokenizes, detokenizes or renders a chat with `model`'s vocabulary and
-    /// template (the only model's, when `None`).
+    /// template (the only model's, when `None`), on a blocking thread.
     pub async fn vocab(&self, model: Option<String>, op: VocabOp) -> Result<VocabAnswer, ApiError> {
-        let model = self.snapshot().pick(model.as_deref())?.id.clone();
-        let (reply, rx) = oneshot::channel();
-        self.ask(Command::Vocab(VocabJob { model, op, reply }), rx).await
+        let reader = self.snapshot().pick(model.as_deref())?.reader.clone();
+        tokio::task::spawn_blocking(move || reader.vocab_op(op))
+            .await
+            .map_err(|_| ApiError::internal())?
     }
 
     /// Sends `cmd`, whose answer comes back on `rx`; refused at once when the
@@ -228,15 +228,15 @@ impl Scheduler {
         self.changes.clone()
     }
 
-    /// A new job, sent by gateway replica `replica` if one said, and the
-    /// receiver of its events.
+    /// A new job of prompts read by the model's [`Reader`], sent by gateway
+    /// replica `replica` if one said, and the receiver of its events.
     pub fn job(
         model: String,
-        input: JobInput,
+        prompts: Vec<(Vec<llama_cpp_2::token::LlamaToken>, String)>,
         params: GenParams,
         replica: Option<Arc<str>>,
     ) -> (Job, mpsc::UnboundedReceiver<Event>) {
         let (events, rx) = mpsc::unbounded_channel();
-        (Job { model, input, params, events, replica }, rx)
+        (Job { model, prompts, params, events, replica }, rx)
     }
 }

@@ -46,6 +46,9 @@ pub(super) struct Worker {
     step_us: u64,
     /// Whether this thread comes round its loop, for `/health`.
     heart: Arc<super::heartbeat::Heartbeat>,
+    /// Unloaded models that a reader on another thread still held: freed here,
+    /// the only thread that touches llama.cpp's device state, once it lets go.
+    unloaded: Vec<Arc<llama_cpp_2::model::LlamaModel>>,
 }
 
 impl Worker {
@@ -69,6 +72,7 @@ impl Worker {
             shown: Vec::new(),
             step_us: 0,
             heart,
+            unloaded: Vec::new(),
         }
     }
 
@@ -88,6 +92,7 @@ impl Worker {
                 }
             }
             self.heart.beat();
+            self.free_unloaded();
             loop {
                 match self.commands.try_recv() {
                     Ok(cmd) => self.handle(cmd),
@@ -150,13 +155,6 @@ impl Worker {
                 };
                 let _ = job.reply.send(result);
             }
-            Command::Vocab(job) => {
-                let result = match self.models.iter().find(|m| m.id == job.model) {
-                    Some(model) => model.vocab_op(job.op),
-                    None => Err(ApiError::model_not_found(&job.model)),
-                };
-                let _ = job.reply.send(result);
-            }
             Command::Load(settings, reply) => self.load(settings, reply),
             Command::Unload(id, reply) => {
                 let result = match self.models.iter().position(|m| m.id == id) {
@@ -167,7 +165,11 @@ impl Worker {
                             format!("model `{id}` was unloaded"),
                         );
                         model.fail_all(&err, &mut self.outbox);
+                        // Its contexts go now; the model itself once no reader
+                        // holds it, here on this thread.
+                        self.unloaded.push(model.model());
                         drop(model);
+                        self.free_unloaded();
                         tracing::info!(model = %id, "model unloaded");
                         Ok(())
                     }
@@ -176,6 +178,13 @@ impl Worker {
                 self.publish();
                 let _ = reply.send(result);
             }
+        }
+    }
+
+    /// Frees the unloaded models no reader holds any more.
+    fn free_unloaded(&mut self) {
+        if !self.unloaded.is_empty() {
+            self.unloaded.retain(|model| Arc::strong_count(model) > 1);
         }
     }
 

@@ -64,7 +64,18 @@ pub(super) async fn run(
         .and_then(|v| v.to_str().ok())
         .filter(|v| !v.is_empty() && v.len() <= 64)
         .map(std::sync::Arc::<str>::from);
-    let (job, mut rx) = Scheduler::job(model.to_owned(), input, params, replica);
+    // Rendering and tokenizing are as large as the request: on a blocking thread
+    // of their own, never the scheduler's.
+    let reader = served.reader.clone();
+    drop(snapshot);
+    let (prompts, params) = tokio::task::spawn_blocking(move || {
+        let prompts = reader.read(&input, &params);
+        (prompts, params)
+    })
+    .await
+    .map_err(|_| fail(model, ApiError::internal()))?;
+    let prompts = prompts.map_err(|e| fail(model, e))?;
+    let (job, mut rx) = Scheduler::job(model.to_owned(), prompts, params, replica);
     scheduler.submit(job).map_err(|e| fail(model, e))?;
     let keepalive = keepalive(state);
     let first = match keepalive.filter(|_| stream) {

@@ -1,11 +1,13 @@
 //! One loaded model on the scheduler thread: its llama.cpp model and context, its
 //! slots and its queue, and one step of continuous batching over them. Its jobs
-//! have a file each: `prompt` (rendering and tokenizing), `admission` (queue,
-//! slot choice, host cache) and `decode` (the batch and sampling).
+//! have a file each: `reader` (rendering and tokenizing, off this thread),
+//! `prompt` (a job cut into tasks), `admission` (queue, slot choice, host
+//! cache) and `decode` (the batch and sampling).
 
 mod admission;
 mod decode;
 mod prompt;
+mod reader;
 mod vocab;
 
 use std::collections::VecDeque;
@@ -29,7 +31,8 @@ use crate::config::{ModelSettings, TemplateChoice};
 use crate::error::EngineError;
 use crate::template::jinja::JinjaTemplate;
 use crate::template::ChatTemplate;
-pub use vocab::{VocabAnswer, VocabJob, VocabOp};
+pub use reader::Reader;
+pub use vocab::{VocabAnswer, VocabOp};
 
 /// The contexts of one model: one for generation, whose sequences are the slots,
 /// and one for embeddings when they are enabled.
@@ -42,7 +45,7 @@ self_cell::self_cell!(
     /// A model and the contexts that borrow it, owned together so that a model can
     /// be loaded and unloaded at run time.
     struct Loaded {
-        owner: LlamaModel,
+        owner: std::sync::Arc<LlamaModel>,
         #[covariant]
         dependent: Contexts,
     }
@@ -85,6 +88,8 @@ pub struct ModelSnapshot {
     pub slots: Vec<SlotStatus>,
     /// Tasks waiting for a slot.
     pub queue_depth: usize,
+    /// Reads its requests into tokens, off the scheduler thread.
+    pub reader: std::sync::Arc<Reader>,
     /// Of the running and waiting tasks, how many each gateway replica sent.
     pub replicas: std::collections::BTreeMap<String, u32>,
 }
@@ -95,9 +100,8 @@ pub(crate) struct ModelRuntime {
     info: std::sync::Arc<ModelInfo>,
     settings: ModelSettings,
     created: u64,
-    template: ChatTemplate,
-    /// The compiled template, when `template` is `Jinja`.
-    jinja: Option<JinjaTemplate>,
+    /// Its requests' reader; the HTTP side reads with it.
+    reader: std::sync::Arc<Reader>,
     n_vocab: i32,
     loaded: Loaded,
     batch: LlamaBatch<'static>,
@@ -181,6 +185,13 @@ impl ModelRuntime {
             .with_n_threads_batch(threads);
         let embedding = settings.embedding;
         let embed_params = super::embed::context_params(&settings);
+        let model = std::sync::Arc::new(model);
+        let reader = std::sync::Arc::new(Reader::new(
+            model.clone(),
+            template.clone(),
+            jinja,
+            settings.ctx_len,
+        ));
         // Contexts are created one after the other: creating two from one model at
         // once is unsound in llama.cpp.
         let loaded = Loaded::try_new(model, |model| {
@@ -197,8 +208,7 @@ impl ModelRuntime {
             id,
             info,
             created,
-            template,
-            jinja,
+            reader,
             n_vocab,
             loaded,
             batch: LlamaBatch::new(settings.batch_size as usize, 1),
@@ -239,6 +249,11 @@ impl ModelRuntime {
                 ),
             )),
         })
+    }
+
+    /// The model, for the scheduler to free once no reader holds it.
+    pub fn model(&self) -> std::sync::Arc<LlamaModel> {
+        self.loaded.borrow_owner().clone()
     }
 
     /// Fails every running and queued task, as when the model is unloaded.
@@ -285,6 +300,7 @@ impl ModelRuntime {
             created: self.created,
             slots,
             queue_depth: self.queue.len(),
+            reader: self.reader.clone(),
             replicas,
         }
     }

@@ -1,11 +1,10 @@
 //! llama-server's `/tokenize`, `/detokenize` and `/apply-template`: a model's
-//! vocabulary and chat template, used on the scheduler thread like every other
-//! llama.cpp call.
+//! vocabulary and chat template, read off the scheduler thread as a request's
+//! prompt is ([`super::reader`]).
 
 use slotgate_protocol::{ApiError, ChatMessage, TokenOut};
-use tokio::sync::oneshot;
 
-use super::ModelRuntime;
+use super::reader::Reader;
 
 /// What to do with the vocabulary.
 #[derive(Debug)]
@@ -36,21 +35,10 @@ pub enum VocabAnswer {
     Text(String),
 }
 
-/// A vocabulary request: the model, and where the answer goes.
-pub struct VocabJob {
-    /// The model asked for.
-    pub model: String,
-    /// What to do.
-    pub op: VocabOp,
-    /// The answer, or why there is none.
-    pub reply: oneshot::Sender<Result<VocabAnswer, ApiError>>,
-}
-
-impl ModelRuntime {
+impl Reader {
     /// Runs `op` on this model's vocabulary.
     pub fn vocab_op(&self, op: VocabOp) -> Result<VocabAnswer, ApiError> {
-        let model = self.loaded.borrow_owner();
-        let vocab = model.vocab();
+        let vocab = self.model.vocab();
         match op {
             VocabOp::Tokenize { content, add_special, parse_special, with_pieces } => {
                 let tokens = vocab.tokenize(content.as_bytes(), add_special, parse_special);

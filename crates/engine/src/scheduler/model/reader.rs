@@ -1,0 +1,238 @@
+//! Reading a request into tokens, off the scheduler thread: a job's messages or
+//! prompts rendered, tokenized and checked against a slot's context, and its
+//! grammar compiled once by llama.cpp to see that it parses. All of it is as
+//! large as the request is, so none of it may delay the decode loop: handlers run
+//! it on a blocking thread before the job is handed over, and the scheduler
+//! thread only cuts the result into tasks.
+//!
+//! Only the model's vocabulary and templates are used here, which llama.cpp
+//! keeps in host memory and reads without changing (llama-server tokenizes on
+//! its HTTP threads too); no context, no GPU state. The model itself is freed
+//! on the scheduler thread, which keeps an unloaded model until no reader holds
+//! it (see `worker.rs`).
+
+use std::sync::Arc;
+
+use llama_cpp_2::model::{LlamaChatMessage, LlamaModel};
+use llama_cpp_2::token::LlamaToken;
+use slotgate_protocol::{ApiError, ChatMessage, ErrorType, PromptItem, Tool};
+
+use crate::scheduler::job::{GenParams, JobInput};
+use crate::template::jinja::JinjaTemplate;
+use crate::template::ChatTemplate;
+
+/// What requests of one model are read with.
+pub struct Reader {
+    /// The model, shared with its runtime on the scheduler thread.
+    pub(crate) model: Arc<LlamaModel>,
+    template: ChatTemplate,
+    /// The compiled template, when `template` is `Jinja`.
+    jinja: Option<JinjaTemplate>,
+    /// Tokens of context per slot.
+    ctx_len: usize,
+    n_vocab: i32,
+    /// Bytes of the vocabulary's longest piece: a text longer than `ctx_len`
+    /// pieces of that length cannot fit a slot, which is known before any of it
+    /// is tokenized.
+    longest_piece: usize,
+}
+
+impl std::fmt::Debug for Reader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reader").field("template", &self.template).finish_non_exhaustive()
+    }
+}
+
+/// A prompt read into tokens, and its text when the answer echoes it.
+pub type Read = (Vec<LlamaToken>, String);
+
+impl Reader {
+    /// A reader of `model`'s requests.
+    pub(super) fn new(
+        model: Arc<LlamaModel>,
+        template: ChatTemplate,
+        jinja: Option<JinjaTemplate>,
+        ctx_len: u32,
+    ) -> Self {
+        let vocab = model.vocab();
+        let n_vocab = model.n_vocab();
+        let longest_piece = (0..n_vocab)
+            .map(|t| vocab.token_to_piece(LlamaToken(t), true, None).len())
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        Self { model, template, jinja, ctx_len: ctx_len as usize, n_vocab, longest_piece }
+    }
+
+    /// The template in use.
+    pub fn template(&self) -> &ChatTemplate {
+        &self.template
+    }
+
+    /// The compiled Jinja template, if one renders chats.
+    pub fn jinja(&self) -> Option<&JinjaTemplate> {
+        self.jinja.as_ref()
+    }
+
+    /// The job's prompts as tokens, each checked to fit a slot, and its grammar
+    /// checked to parse.
+    pub fn read(&self, input: &JobInput, params: &GenParams) -> Result<Vec<Read>, ApiError> {
+        let vocab = self.model.vocab();
+        let prompts: Vec<Read> = match input {
+            JobInput::Chat(messages, tools) => {
+                let text = self.render_chat(messages, tools.as_deref())?;
+                self.fits_bytes(text.len(), None, "messages")?;
+                vec![(vocab.tokenize(text.as_bytes(), true, true), text)]
+            }
+            JobInput::Prompts(items) => {
+                // Every text is measured before any is tokenized.
+                for (i, item) in items.iter().enumerate() {
+                    let which = (items.len() > 1).then_some(i);
+                    match item {
+                        PromptItem::Text(text) => self.fits_bytes(text.len(), which, "prompt")?,
+                        PromptItem::Tokens(ids) => self.fits_tokens(ids.len(), which, "prompt")?,
+                    }
+                }
+                let mut out = Vec::with_capacity(items.len());
+                for (i, item) in items.iter().enumerate() {
+                    out.push(match item {
+                        PromptItem::Text(text) => {
+                            (vocab.tokenize(text.as_bytes(), true, true), text.clone())
+                        }
+                        PromptItem::Tokens(ids) => {
+                            let param = if items.len() > 1 {
+                                format!("prompt[{i}]")
+                            } else {
+                                "prompt".into()
+                            };
+                            let tokens =
+                                self.token_ids(ids.iter().map(|&id| i64::from(id)), &param)?;
+                            let text = if params.echo {
+                                String::from_utf8_lossy(&vocab.detokenize(&tokens, false, false))
+                                    .into_owned()
+                            } else {
+                                String::new()
+                            };
+                            (tokens, text)
+                        }
+                    });
+                }
+                out
+            }
+        };
+        let param = if matches!(input, JobInput::Chat(..)) { "messages" } else { "prompt" };
+        for (i, (tokens, _)) in prompts.iter().enumerate() {
+            self.fits_tokens(tokens.len(), (prompts.len() > 1).then_some(i), param)?;
+        }
+        if let Some(grammar) = &params.grammar {
+            // Compiled once here, so that a bad one is the request's 400; the
+            // scheduler compiles it again for each choice.
+            crate::scheduler::sampler::grammar(&self.model, grammar)?;
+        }
+        Ok(prompts)
+    }
+
+    /// Refuses a text of `bytes` that cannot fit a slot whatever its tokens.
+    fn fits_bytes(&self, bytes: usize, which: Option<usize>, param: &str) -> Result<(), ApiError> {
+        if bytes <= self.ctx_len.saturating_mul(self.longest_piece) {
+            return Ok(());
+        }
+        let which = which.map_or("the prompt".into(), |i| format!("prompt {i}"));
+        Err(ApiError::new(
+            ErrorType::ExceedContextSizeError,
+            format!(
+                "{which} is {bytes} bytes, more than a slot's context of {} tokens can hold \
+                 (at most {} bytes a token); shorten the prompt or start the engine with a \
+                 larger ctx_len",
+                self.ctx_len, self.longest_piece
+            ),
+        )
+        .with_param(param)
+        .with_code("context_length_exceeded"))
+    }
+
+    /// Refuses a prompt of `tokens` that does not fit a slot.
+    fn fits_tokens(
+        &self,
+        tokens: usize,
+        which: Option<usize>,
+        param: &str,
+    ) -> Result<(), ApiError> {
+        if tokens < self.ctx_len {
+            return Ok(());
+        }
+        let which = which.map_or("the prompt".into(), |i| format!("prompt {i}"));
+        Err(ApiError::new(
+            ErrorType::ExceedContextSizeError,
+            format!(
+                "{which} has {tokens} tokens, but a slot's context holds {} (ctx_len); \
+                 shorten the prompt or start the engine with a larger ctx_len",
+                self.ctx_len
+            ),
+        )
+        .with_param(param)
+        .with_code("context_length_exceeded")
+        .with_context(
+            u32::try_from(tokens).unwrap_or(u32::MAX),
+            u32::try_from(self.ctx_len).unwrap_or(u32::MAX),
+        ))
+    }
+
+    /// The prompt a conversation becomes with this model's template.
+    pub fn render_chat(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[Tool]>,
+    ) -> Result<String, ApiError> {
+        if let Some(jinja) = &self.jinja {
+            return jinja.render(messages, tools);
+        }
+        match self.template.render(messages) {
+            Some(text) => Ok(text),
+            None => apply_model_template(&self.model, messages),
+        }
+    }
+
+    /// `ids` as tokens of this model's vocabulary, or a 400 naming `param`.
+    pub fn token_ids(
+        &self,
+        ids: impl IntoIterator<Item = i64>,
+        param: &str,
+    ) -> Result<Vec<LlamaToken>, ApiError> {
+        ids.into_iter()
+            .map(|id| match i32::try_from(id) {
+                Ok(t) if (0..self.n_vocab).contains(&t) => Ok(LlamaToken(t)),
+                _ => Err(ApiError::invalid(
+                    param,
+                    format!(
+                        "token id {id} is out of range: the vocabulary has {} tokens",
+                        self.n_vocab
+                    ),
+                )),
+            })
+            .collect()
+    }
+}
+
+/// Renders a conversation with the template stored in the GGUF, through llama.cpp.
+fn apply_model_template(model: &LlamaModel, messages: &[ChatMessage]) -> Result<String, ApiError> {
+    let template = model.chat_template(None).map_err(|_| ApiError::internal())?;
+    let chat = messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            LlamaChatMessage::new(m.role.as_str().to_owned(), m.text()).map_err(|_| {
+                ApiError::invalid(
+                    format!("messages[{i}].content"),
+                    "message text must not contain NUL characters",
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    model.apply_chat_template(&template, &chat, true).map_err(|e| {
+        ApiError::invalid(
+            "messages",
+            format!("the model's chat template cannot render these messages: {e}"),
+        )
+    })
+}
