@@ -23,6 +23,8 @@ pub enum Step {
     DieMidStream(u32),
     /// Wait, then answer normally.
     Stall(Duration),
+    /// Stream `n` chunks, then send nothing more while the connection stays open.
+    SilentMidStream(u32),
 }
 
 /// A running fake; stops when dropped.
@@ -178,7 +180,7 @@ async fn serve(mut socket: TcpStream, state: &State) -> std::io::Result<()> {
                     r#"{"error":{"message":"all slots are busy","type":"unavailable_error","param":null,"code":"slot_unavailable"}}"#,
                 ),
                 Some(Step::Reset) => return Ok(()),
-                Some(Step::DieMidStream(n)) => {
+                Some(step @ (Step::DieMidStream(n) | Step::SilentMidStream(n))) => {
                     socket
                         .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
                         .await?;
@@ -188,6 +190,11 @@ async fn serve(mut socket: TcpStream, state: &State) -> std::io::Result<()> {
                             .write_all(format!("{:x}\r\n{event}\r\n", event.len()).as_bytes())
                             .await?;
                         tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    if matches!(step, Step::SilentMidStream(_)) {
+                        // Open and silent until the other side closes (or 60 s).
+                        let mut rest = [0u8; 64];
+                        let _ = tokio::time::timeout(Duration::from_secs(60), socket.read(&mut rest)).await;
                     }
                     // Gone without the terminating chunk.
                     return Ok(());

@@ -385,7 +385,8 @@ async fn supervised_engines_start_serve_and_restart() {
     std::fs::write(
         &config,
         format!(
-            "listen = \"127.0.0.1:0\"\n[routing]\nhealth_interval_ms = 100\nhealthy_threshold = 1\n\
+            "listen = \"127.0.0.1:0\"\n[auth]\nadmin_loopback = true\n\
+             [routing]\nhealth_interval_ms = 100\nhealthy_threshold = 1\n\
              [[engines]]\nmodel = {:?}\nn_parallel = 1\nctx_len = 256\nbinary = {:?}\nargs = [\"--threads\", \"2\"]\n",
             model_path(),
             engine_bin

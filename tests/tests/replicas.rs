@@ -29,7 +29,10 @@ async fn fleet(engines: &[&str], push: bool) -> Run {
     for e in engines {
         args.extend_from_slice(&["--backend", e]);
     }
-    let env = [("SLOTGATE_ROUTING__SLOT_EVENTS", if push { "true" } else { "false" })];
+    let env = [
+        ("SLOTGATE_ROUTING__SLOT_EVENTS", if push { "true" } else { "false" }),
+        ("SLOTGATE_AUTH__ADMIN_LOOPBACK", "true"),
+    ];
     let replicas: Vec<Process> =
         (0..3).map(|_| Process::start_with_env(&binary("slotgate"), &args, &env)).collect();
     let client = client();

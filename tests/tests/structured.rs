@@ -264,6 +264,7 @@ async fn aliases_name_a_served_model_in_the_engine_and_the_gateway() {
         &[
             ("SLOTGATE_ROUTING__HEALTH_INTERVAL_MS", "100"),
             ("SLOTGATE_ROUTING__HEALTHY_THRESHOLD", "1"),
+            ("SLOTGATE_AUTH__ADMIN_LOOPBACK", "true"),
         ],
     );
     ready(&client, &gateway, 1).await;
