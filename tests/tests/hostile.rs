@@ -468,9 +468,9 @@ async fn trickle(addr: &str, head: &[u8], limit: Duration) -> bool {
             return true;
         }
         let mut buf = [0u8; 256];
-        match tokio::time::timeout(Duration::from_millis(200), socket.read(&mut buf)).await {
-            Ok(Ok(0) | Err(_)) => return true,
-            _ => {}
+        let read = tokio::time::timeout(Duration::from_millis(200), socket.read(&mut buf)).await;
+        if let Ok(Ok(0) | Err(_)) = read {
+            return true;
         }
     }
     unreachable!("cycle never ends")
