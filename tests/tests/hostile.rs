@@ -529,3 +529,43 @@ async fn connections_past_the_cap_are_closed_on_arrival() {
     .await;
     assert!(served, "served again once the others closed");
 }
+
+/// The gateway's peak resident memory, in MiB.
+fn peak_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM");
+    kib / 1024
+}
+
+#[tokio::test]
+async fn bodies_of_junk_do_not_swell_the_gateway() {
+    let fake = Fake::start("fake", 4).await;
+    let gw = gateway(&[&fake.url], &[]);
+    let client = client();
+    ready(&client, &gw, 1).await;
+    let before = peak_mib(gw.pid());
+    // 15 MiB each: junk under unknown fields, and under the fields the gateway
+    // reads (a prompt of seven million tokens, a model that is a list).
+    let mut junk = json!({"model": "fake"});
+    for i in 0..64 {
+        junk[format!("junk{i}")] = json!(vec![json!([i, "xxxxxxxx", {"a": [1, 2, 3]}]); 8000]);
+    }
+    let prompt = json!({"model": "fake", "prompt": vec![1; 7_000_000], "stream_options": {"x": vec![2; 10]}});
+    let listed = json!({"model": vec![json!([1, 2, 3]); 1_500_000]});
+    for bodies in [[junk.clone(), prompt.clone()], [prompt, listed]] {
+        let sends = bodies.map(|body| {
+            let (client, url) = (client.clone(), format!("{}/v1/completions", gw.url));
+            tokio::spawn(async move { post(&client, &url, &body).await.0 })
+        });
+        for send in sends {
+            let status = send.await.unwrap();
+            assert!(status == 200 || status == 400, "{status}");
+        }
+    }
+    let grown = peak_mib(gw.pid()).saturating_sub(before);
+    assert!(grown < 150, "two 15 MiB bodies grew the gateway's peak by {grown} MiB");
+}

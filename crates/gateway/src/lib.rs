@@ -8,6 +8,7 @@ pub mod affinity;
 pub mod auth;
 pub mod backend;
 pub mod balancer;
+pub mod bounded;
 pub mod config;
 pub mod discovery;
 pub mod error;

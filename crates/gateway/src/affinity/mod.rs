@@ -14,7 +14,7 @@ use axum::http::HeaderMap;
 use serde_json::Value;
 
 use crate::hash::Fnv;
-pub use said::{Opening, Said, Turn, CHAT_PREFIX_BYTES};
+pub use said::{Opening, PromptHead, Said, Turn, CHAT_PREFIX_BYTES};
 
 /// The header clients may send to keep their requests together.
 pub const SESSION_HEADER: &str = "x-session-id";
@@ -40,18 +40,14 @@ pub fn key(model: &str, said: &Said, headers: &HeaderMap) -> Option<u64> {
         return chat_opening(&mut h, turns).then(|| h.finish());
     }
     // A batch names its conversation by its first prompt; a token list is a prompt.
-    let prompt = match said.prompt.as_ref()? {
-        Value::Array(items) if items.first().is_some_and(|v| !v.is_number()) => &items[0],
-        single => single,
-    };
-    match prompt {
-        Value::String(text) if !text.is_empty() => {
-            h.write(b"prompt").write(cut(text, PROMPT_PREFIX_BYTES).as_bytes());
+    match said.prompt.as_ref()? {
+        PromptHead::Text(text) if !text.is_empty() => {
+            h.write(b"prompt").write(text.as_bytes());
         }
-        Value::Array(tokens) if !tokens.is_empty() => {
+        PromptHead::Tokens(tokens) => {
             h.write(b"tokens");
-            for t in tokens.iter().take(PROMPT_PREFIX_BYTES / 4) {
-                h.write(t.to_string().as_bytes());
+            for t in tokens {
+                h.write(t.as_bytes());
             }
         }
         _ => return None,
@@ -116,12 +112,30 @@ mod tests {
         let keyed = matches!(cache_key, Some(Value::String(k)) if !k.is_empty());
         let Some(Value::Array(messages)) = body.get("messages").filter(|_| !keyed) else {
             // No chat: both read the same fields, built the same way.
-            let said = Said {
-                prompt_cache_key: cache_key.cloned(),
-                messages: None,
-                prompt: body.get("prompt").cloned(),
+            let said = Said { prompt_cache_key: cache_key.cloned(), messages: None, prompt: None };
+            if let Some(key) = key(model, &said, &HeaderMap::new()) {
+                return Some(key);
+            }
+            // The prompt, as earlier versions hashed it from the built value.
+            let mut h = Fnv::default();
+            h.write(model.as_bytes());
+            let prompt = match body.get("prompt")? {
+                Value::Array(items) if items.first().is_some_and(|v| !v.is_number()) => &items[0],
+                single => single,
             };
-            return key(model, &said, &HeaderMap::new());
+            match prompt {
+                Value::String(text) if !text.is_empty() => {
+                    h.write(b"prompt").write(cut(text, PROMPT_PREFIX_BYTES).as_bytes());
+                }
+                Value::Array(tokens) if !tokens.is_empty() => {
+                    h.write(b"tokens");
+                    for t in tokens.iter().take(PROMPT_PREFIX_BYTES / 4) {
+                        h.write(t.to_string().as_bytes());
+                    }
+                }
+                _ => return None,
+            }
+            return Some(h.finish());
         };
         let mut h = Fnv::default();
         h.write(model.as_bytes());
@@ -167,6 +181,14 @@ mod tests {
             json!({"prompt": ["abc", "def"]}),
             json!({"prompt": [1, 2, 3]}),
             json!({"prompt": null}),
+            json!({"prompt": [[7, 8], [9]]}),
+            json!({"prompt": [1.5, -2, 3]}),
+            json!({"prompt": []}),
+            json!({"prompt": {"a": 1}}),
+            json!({"prompt": 5}),
+            json!({"prompt": [null, "a"]}),
+            json!({"prompt": ["é".repeat(200), "b"]}),
+            json!({"prompt": (0..100).collect::<Vec<u32>>()}),
             // Escaped text (read into an owned string), content of every JSON
             // type, roles that are no string, messages that are no object.
             json!({"messages": [{"role": "system", "content": "line\nbreak \"quoted\" é"},

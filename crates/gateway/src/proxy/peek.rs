@@ -1,12 +1,16 @@
 //! What the gateway reads of a request body; the rest is forwarded untouched.
 
 use axum::http::HeaderMap;
+use std::borrow::Cow;
+
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::Value;
 use slotgate_protocol::validate::MAX_N;
 use slotgate_protocol::ApiError;
 
-use crate::affinity::{Opening, Said};
+use crate::affinity::{Opening, PromptHead, Said};
+use crate::bounded::{Scalar, StreamOptions};
 
 /// The fields routing needs.
 #[derive(Debug)]
@@ -25,10 +29,10 @@ pub struct Peek {
 /// JSON and skipped without building it.
 #[derive(Deserialize)]
 struct Head {
-    model: Option<Value>,
-    stream: Option<Value>,
-    stream_options: Option<Value>,
-    n: Option<Value>,
+    model: Option<Scalar>,
+    stream: Option<Scalar>,
+    stream_options: Option<StreamOptions>,
+    n: Option<Scalar>,
 }
 
 /// [`Head`] and what the affinity key is derived from ([`Said`]): of a chat,
@@ -37,14 +41,14 @@ struct Head {
 /// buffers every other field of the body, the cost this pass exists to avoid.
 #[derive(Deserialize)]
 struct Keyed<'a> {
-    model: Option<Value>,
-    stream: Option<Value>,
-    stream_options: Option<Value>,
-    n: Option<Value>,
-    prompt_cache_key: Option<Value>,
+    model: Option<Scalar>,
+    stream: Option<Scalar>,
+    stream_options: Option<StreamOptions>,
+    n: Option<Scalar>,
+    prompt_cache_key: Option<Scalar>,
     #[serde(borrow)]
     messages: Option<Opening<'a>>,
-    prompt: Option<Value>,
+    prompt: Option<PromptHead>,
 }
 
 /// Reads `body`, or says why it cannot be routed, in one pass that builds only
@@ -55,56 +59,137 @@ struct Keyed<'a> {
 pub fn peek(body: &[u8], headers: &HeaderMap, affinity: bool) -> Result<Peek, ApiError> {
     let (model, stream, options, n, keyed) = if affinity {
         let k: Keyed = slotgate_protocol::parse_json(body)?;
-        let said =
-            Said { prompt_cache_key: k.prompt_cache_key, messages: k.messages, prompt: k.prompt };
+        let said = Said {
+            prompt_cache_key: k.prompt_cache_key.map(|s| s.0),
+            messages: k.messages,
+            prompt: k.prompt,
+        };
         (k.model, k.stream, k.stream_options, k.n, Some(said))
     } else {
         let head: Head = slotgate_protocol::parse_json(body)?;
         (head.model, head.stream, head.stream_options, head.n, None)
     };
     // Refused before a slot is claimed for it; the backend checks the rest.
-    if let Some(n) = n.as_ref().and_then(Value::as_u64).filter(|&n| n > u64::from(MAX_N)) {
+    if let Some(n) = n.and_then(|n| n.0.as_u64()).filter(|&n| n > u64::from(MAX_N)) {
         return Err(ApiError::invalid("n", format!("n must be at most {MAX_N}, got {n}")));
     }
-    let model = match model {
+    let model = match model.map(|s| s.0) {
         Some(Value::String(m)) => m,
         Some(_) => return Err(ApiError::invalid("model", "model must be a string")),
         None => String::new(),
     };
     let affinity = keyed.and_then(|said| crate::affinity::key(&model, &said, headers));
-    let stream = stream.as_ref().and_then(Value::as_bool).unwrap_or(false);
-    let usage_asked =
-        options.as_ref().and_then(|o| o.get("include_usage")).and_then(Value::as_bool)
-            == Some(true);
+    let stream = stream.and_then(|s| s.0.as_bool()).unwrap_or(false);
+    let usage_asked = options.and_then(|o| o.include_usage).and_then(|u| u.as_bool()) == Some(true);
     Ok(Peek { model, stream, affinity, usage_asked })
 }
 
 /// `body` with its `model` replaced by `model` (an alias resolved) and, with
 /// `ask_usage`, `stream_options.include_usage` set; the rest of the body is
-/// kept as sent.
+/// kept as sent, byte for byte: its fields are copied as the raw text they
+/// were, never built as JSON values (see [`crate::bounded`]).
 pub fn rewrite(
     body: &axum::body::Bytes,
     model: Option<&str>,
     ask_usage: bool,
 ) -> Result<axum::body::Bytes, ApiError> {
-    let mut value: Value = slotgate_protocol::parse_json(body)?;
-    if let Some(object) = value.as_object_mut() {
-        if let Some(model) = model {
-            object.insert("model".into(), Value::String(model.to_owned()));
-        }
-        if ask_usage {
-            let options = object.entry("stream_options").or_insert_with(|| serde_json::json!({}));
-            if !options.is_object() {
-                *options = serde_json::json!({});
+    let fields: Fields = slotgate_protocol::parse_json(body)?;
+    let json = |text: &str| serde_json::to_string(text).unwrap_or_default();
+    let mut out = Vec::with_capacity(body.len() + 64);
+    let mut first = true;
+    let mut put = |out: &mut Vec<u8>, key: &str, value: &[u8]| {
+        out.push(if first { b'{' } else { b',' });
+        first = false;
+        out.extend_from_slice(json(key).as_bytes());
+        out.push(b':');
+        out.extend_from_slice(value);
+    };
+    let (mut has_model, mut has_options) = (false, false);
+    for (key, raw) in &fields.0 {
+        match (key.as_ref(), model) {
+            ("model", Some(model)) => {
+                has_model = true;
+                put(&mut out, key, json(model).as_bytes());
             }
-            options["include_usage"] = Value::Bool(true);
+            ("stream_options", _) if ask_usage => {
+                has_options = true;
+                let options = with_usage(raw)?;
+                put(&mut out, key, &options);
+            }
+            _ => put(&mut out, key, raw.get().as_bytes()),
         }
     }
-    Ok(axum::body::Bytes::from(serde_json::to_vec(&value).map_err(|_| ApiError::internal())?))
+    if let (Some(model), false) = (model, has_model) {
+        put(&mut out, "model", json(model).as_bytes());
+    }
+    if ask_usage && !has_options {
+        put(&mut out, "stream_options", br#"{"include_usage":true}"#);
+    }
+    if first {
+        out.push(b'{');
+    }
+    out.push(b'}');
+    Ok(axum::body::Bytes::from(out))
+}
+
+/// `stream_options` with `include_usage: true`, its other fields kept; what is
+/// no object becomes `{"include_usage":true}`.
+fn with_usage(raw: &RawValue) -> Result<Vec<u8>, ApiError> {
+    let mut out = Vec::from(&b"{"[..]);
+    if let Ok(fields) = serde_json::from_str::<Fields>(raw.get()) {
+        for (key, value) in fields.0.iter().filter(|(k, _)| k != "include_usage") {
+            out.extend_from_slice(
+                serde_json::to_string(key).map_err(|_| ApiError::internal())?.as_bytes(),
+            );
+            out.push(b':');
+            out.extend_from_slice(value.get().as_bytes());
+            out.push(b',');
+        }
+    }
+    out.extend_from_slice(br#""include_usage":true}"#);
+    Ok(out)
+}
+
+/// A JSON object's fields as their raw text, in order; a field repeated keeps its
+/// first place and its last value, as a parsed object does.
+struct Fields<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Fields<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for V<'a> {
+            type Value = Fields<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Fields<'a>, A::Error> {
+                let mut fields: Vec<(Cow<'a, str>, &'a RawValue)> = Vec::new();
+                let mut at: std::collections::HashMap<Cow<'a, str>, usize> =
+                    std::collections::HashMap::new();
+                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                    let value: &'de RawValue = map.next_value()?;
+                    match at.get(&key) {
+                        Some(&i) => fields[i].1 = value,
+                        None => {
+                            at.insert(key.clone(), fields.len());
+                            fields.push((key, value));
+                        }
+                    }
+                }
+                Ok(Fields(fields))
+            }
+        }
+        d.deserialize_map(V(std::marker::PhantomData))
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     #[test]
@@ -127,6 +212,43 @@ mod tests {
             assert_eq!((many.status(), many.param.as_deref()), (400, Some("n")));
             assert!(peek(br#"{"model":"m","n":128}"#, &h, affinity).is_ok());
         }
+    }
+
+    /// The rewritten body is what the old rewrite (the body built as JSON, then
+    /// changed) gave, whatever the body holds.
+    #[test]
+    fn a_rewrite_changes_only_what_it_must() {
+        let parsed = |b: &axum::body::Bytes| serde_json::from_slice::<Value>(b).unwrap();
+        let body = |v: Value| axum::body::Bytes::from(v.to_string());
+        let cases = [
+            json!({"model": "alias", "x": [1, {"y": "z"}], "stream": true}),
+            json!({"x": 1}),
+            json!({"model": "a", "stream_options": {"other": [1], "include_usage": false}}),
+            json!({"stream_options": [1, 2], "model": 7}),
+            json!({"stream_options": null, "text": "é \"quoted\"\n"}),
+            json!({}),
+        ];
+        for case in cases {
+            for (model, ask) in [(Some("real"), false), (None, true), (Some("real"), true)] {
+                let mut expected = case.clone();
+                let object = expected.as_object_mut().unwrap();
+                if let Some(model) = model {
+                    object.insert("model".into(), json!(model));
+                }
+                if ask {
+                    let options = object.entry("stream_options").or_insert_with(|| json!({}));
+                    if !options.is_object() {
+                        *options = json!({});
+                    }
+                    options["include_usage"] = json!(true);
+                }
+                let got = rewrite(&body(case.clone()), model, ask).unwrap();
+                assert_eq!(parsed(&got), expected, "{case} {model:?} {ask}");
+            }
+        }
+        let repeated = axum::body::Bytes::from_static(br#"{"a":1,"model":"x","a":2}"#);
+        let got = rewrite(&repeated, Some("m"), false).unwrap();
+        assert_eq!(&got[..], br#"{"a":2,"model":"m"}"#);
     }
 
     /// The key comes from the body's opening: the same conversation with later
