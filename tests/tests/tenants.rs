@@ -350,6 +350,19 @@ async fn the_engines_admin_key_guards_loading_and_slot_detail() {
     let (status, _, answer) = post_as(&client, &load, Some("sk-engine"), &[], &body).await;
     assert_eq!(status, 403, "{} is outside the models directory: {answer}", dir);
     assert_eq!(answer["error"]["param"], "model");
+    // A model inside, with a template file outside: the template is refused too.
+    let inside = elsewhere.join("inside.gguf");
+    std::fs::write(&inside, b"not loaded").unwrap();
+    let template =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/templates/llama3.jinja");
+    let body = json!({"model": inside, "model_id": "third", "chat_template_file": template});
+    let (status, _, answer) = post_as(&client, &load, Some("sk-engine"), &[], &body).await;
+    assert_eq!(
+        (status, answer["error"]["param"].as_str()),
+        (403, Some("chat_template_file")),
+        "{answer}"
+    );
+    let _ = std::fs::remove_file(&inside);
     let unload = format!("{}/v1/models/unload", engine.url);
     let (status, _, _) = post_as(&client, &unload, None, &[], &json!({"model": MODEL})).await;
     assert_eq!(status, 401);

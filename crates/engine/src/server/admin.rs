@@ -230,22 +230,32 @@ pub async fn load(
 /// are resolved first.
 fn inside_models_dir(state: &AppState, settings: &ModelSettings) -> Result<(), ApiError> {
     let Some(dir) = &state.config.server.models_dir else { return Ok(()) };
-    let refused = || {
+    let refused = |param: &str| {
         ApiError::new(
             ErrorType::PermissionError,
-            "models may only be loaded from the engine's models_dir",
+            format!("{param}: files may only be read from the engine's models_dir"),
         )
-        .with_param("model")
+        .with_param(param)
     };
-    let path = settings.model.as_ref().ok_or_else(refused)?;
-    let (Ok(path), Ok(dir)) = (path.canonicalize(), dir.canonicalize()) else {
-        return Err(refused());
-    };
-    if path.starts_with(&dir) {
-        Ok(())
-    } else {
-        Err(refused())
+    let Ok(dir) = dir.canonicalize() else { return Err(refused("model")) };
+    // Every path a load names: the model, and the template file it may bring.
+    let paths = [
+        ("model", settings.model.as_ref()),
+        ("chat_template_file", settings.chat_template_file.as_ref()),
+    ];
+    for (param, path) in paths {
+        let Some(path) = path else {
+            if param == "model" {
+                return Err(refused(param));
+            }
+            continue;
+        };
+        match path.canonicalize() {
+            Ok(path) if path.starts_with(&dir) => {}
+            _ => return Err(refused(param)),
+        }
     }
+    Ok(())
 }
 
 fn serde_path_value(value: Value) -> Result<ModelSettings, ApiError> {

@@ -251,6 +251,53 @@ mod tests {
         assert_eq!(&got[..], br#"{"a":2,"model":"m"}"#);
     }
 
+    fn any_json() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            ".{0,8}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(5, 48, 5, |inner| {
+            let key = prop::sample::select(vec![
+                "model",
+                "stream",
+                "stream_options",
+                "include_usage",
+                "n",
+                "prompt",
+                "prompt_cache_key",
+                "messages",
+                "role",
+                "content",
+                "x",
+            ]);
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+                prop::collection::btree_map(key, inner, 0..5).prop_map(|m| {
+                    Value::Object(m.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+                }),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 1000, ..Default::default() })]
+        /// Any body is read, and rewritten, without a panic; a rewrite is JSON.
+        #[test]
+        fn any_body_is_peeked_and_rewritten(body in any_json()) {
+            let bytes = axum::body::Bytes::from(body.to_string());
+            for affinity in [false, true] {
+                let _ = peek(&bytes, &HeaderMap::new(), affinity);
+            }
+            if body.is_object() {
+                let out = rewrite(&bytes, Some("m"), true).unwrap();
+                proptest::prop_assert!(serde_json::from_slice::<Value>(&out).is_ok());
+            }
+        }
+    }
+
     /// The key comes from the body's opening: the same conversation with later
     /// turns keeps it, another one does not.
     #[test]
