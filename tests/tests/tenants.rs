@@ -265,6 +265,36 @@ async fn a_reload_adds_a_backend_and_changes_a_limit_while_a_stream_runs() {
     assert_eq!(backends["backends"].as_array().unwrap().len(), 2, "the old configuration stays");
 }
 
+/// A stream its client abandons is still charged to its key: the tokens it was
+/// sent count against `tokens_per_minute`.
+#[tokio::test]
+async fn an_abandoned_stream_is_charged_to_its_key() {
+    let one = engine(&["--n-parallel", "1", "--ctx-len", "512", "--threads", "1"]);
+    let key = "[[keys]]\nname = \"team-a\"\nkey = \"sk-team-a\"\n";
+    inside_one_minute(30).await;
+    let (_config, gateway) = keyed_gateway(&(settings(&[&one.url]) + key), 1, &[]).await;
+    let client = client();
+    let url = format!("{}/v1/completions", gateway.url);
+    let mut body = completion("Once upon a time", 200);
+    body["stream"] = json!(true);
+    body["logit_bias"] = json!({"1": -100, "106": -100});
+    let mut response = client.post(&url).bearer_auth("sk-team-a").json(&body).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let mut events = 0;
+    while events < 10 {
+        let chunk = response.chunk().await.unwrap().expect("more of the stream");
+        events += String::from_utf8_lossy(&chunk).matches("data: ").count();
+    }
+    drop(response);
+    let keys = format!("{}/admin/keys", gateway.url);
+    let charged = eventually(Duration::from_secs(10), || async {
+        let keys = get_as(&client, &keys, ADMIN).await;
+        keys["keys"][0]["usage"]["completion_tokens"].as_u64().is_some_and(|n| n >= 10)
+    })
+    .await;
+    assert!(charged, "{}", get_as(&client, &keys, ADMIN).await);
+}
+
 /// A drained backend takes no new request and finishes its stream; then it is
 /// removed, and added again through the admin API.
 #[tokio::test]
@@ -372,6 +402,27 @@ async fn the_engines_admin_key_guards_loading_and_slot_detail() {
     assert_eq!(open[0]["is_processing"], false, "busy or not is shown to all");
     let detail = get_as(&client, &slots, "sk-engine").await;
     assert!(detail[0]["n_cached"].as_u64().is_some_and(|n| n > 0), "{detail}");
+    // Only the key's holders follow the slot events with a turn at free slots.
+    let events = format!("{}/slots/events", engine.url);
+    let followers = |key: Option<&'static str>, name: &'static str| {
+        let (client, events) = (client.clone(), events.clone());
+        async move {
+            let mut request = client.get(&events).header("x-slotgate-replica", name);
+            if let Some(key) = key {
+                request = request.bearer_auth(key);
+            }
+            let mut response = request.send().await.unwrap();
+            let mut text = String::new();
+            while !text.contains("\n\n") {
+                let chunk = response.chunk().await.unwrap().expect("a first event");
+                text.push_str(&String::from_utf8_lossy(&chunk));
+            }
+            let data = text.lines().find_map(|l| l.strip_prefix("data: ")).unwrap().to_owned();
+            serde_json::from_str::<Value>(&data).unwrap()["followers"].clone()
+        }
+    };
+    assert_eq!(followers(None, "intruder").await, json!([]), "no key, no turn");
+    assert_eq!(followers(Some("sk-engine"), "gateway-1").await, json!(["gateway-1"]));
     let _ = std::fs::remove_dir(&elsewhere);
 }
 

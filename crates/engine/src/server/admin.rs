@@ -120,7 +120,7 @@ fn admin_call(
 }
 
 /// Refuses a caller without the admin key, when one is configured.
-fn admin_only(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+pub(super) fn admin_only(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     match &state.admin_key {
         Some(key) if !slotgate_http::keys::carries(headers, key) => Err(ApiError::new(
             ErrorType::AuthenticationError,

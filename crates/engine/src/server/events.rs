@@ -96,16 +96,20 @@ struct Watch {
     first: bool,
 }
 
-/// `GET /slots/events`. A reader that names itself in `x-slotgate-replica` is
-/// listed among the followers while its stream lasts.
+/// `GET /slots/events`. A reader that names itself in `x-slotgate-replica` (and,
+/// when the engine has an admin key, presents it) is listed among the followers
+/// while its stream lasts.
 pub async fn slot_events(
     State(state): State<AppState>,
     headers: axum::http::HeaderMap,
 ) -> Response {
+    // Followers take turns at freed slots: with an admin key, only its holders
+    // (the gateways) may join them; anyone else gets the stream, and no turn.
     let name = headers
         .get(slotgate_protocol::REPLICA_HEADER)
         .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty() && v.len() <= 64);
+        .filter(|v| !v.is_empty() && v.len() <= 64)
+        .filter(|_| super::admin::admin_only(&state, &headers).is_ok());
     let mut joined = state.followers.changed.subscribe();
     let following = name.map(|n| state.followers.join(n.to_owned()));
     joined.mark_unchanged();

@@ -67,6 +67,14 @@ impl Record {
         }
     }
 
+    /// A stream that ended without reporting its tokens: with a key, it is
+    /// charged `completion` tokens (an estimate from what was relayed).
+    pub fn unreported(&mut self, completion: u64) {
+        if self.permit.is_some() && self.tokens == [0; 3] && completion > 0 {
+            self.tokens(0, completion, 0);
+        }
+    }
+
     /// The gateway answered itself, with an error of this status.
     pub fn refused(&mut self, status: u16) {
         self.backend = None;

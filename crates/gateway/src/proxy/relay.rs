@@ -39,6 +39,9 @@ pub struct Relay {
     last: Instant,
     /// Armed while the backend is silent.
     timer: Option<Pin<Box<Sleep>>>,
+    /// Events relayed so far: a stream cut short (the client left, the backend
+    /// died) reports no usage, and is charged one token for each.
+    events: u64,
 }
 
 impl Relay {
@@ -65,6 +68,7 @@ impl Relay {
             silence,
             last: Instant::now(),
             timer: None,
+            events: 0,
         };
         relay.first = Some(relay.pass(first));
         relay
@@ -72,6 +76,7 @@ impl Relay {
 
     /// A piece of the stream as the client gets it, its usage counted.
     fn pass(&mut self, data: Bytes) -> Bytes {
+        self.events += memchr::memmem::find_iter(&data, b"data: ").count() as u64;
         // Only the last chunk of a stream that asked for usage carries it.
         super::count_usage(&self.claim.backend, &mut self.record, &data);
         match &mut self.strip {
@@ -115,6 +120,16 @@ impl Relay {
         }
         let err = ApiError::new(ErrorType::ServerError, message);
         Poll::Ready(Some(Ok(Frame::data(Bytes::from(sse::encode(&err.into_envelope()))))))
+    }
+}
+
+impl Drop for Relay {
+    /// A stream that ended without its usage (the client went away, or the
+    /// backend did) is still charged to its key: one token per event relayed, a
+    /// lower bound of what was generated (each event carries one token's text or
+    /// more). Without it, abandoning streams would escape `tokens_per_minute`.
+    fn drop(&mut self) {
+        self.record.unreported(self.events);
     }
 }
 
