@@ -7,9 +7,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
-use slotgate_http::conn::{Held, Limits, Watched};
+use slotgate_http::conn::Limits;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -192,9 +191,9 @@ fn hand_over(
     }
 }
 
-/// Serves one connection in a task of this thread, as HTTP/1.1 with no Nagle
-/// delay (a stream's small events go out at once), within `limits`: the head's
-/// timeout, and closed once idle; it counts as open on this worker until it ends.
+/// Serves one connection in a task of this thread, within `limits`
+/// ([`slotgate_http::conn::connection`]); it counts as open on this worker until
+/// it ends.
 fn serve(
     stream: TcpStream,
     open: Open,
@@ -202,34 +201,9 @@ fn serve(
     connections: &GracefulShutdown,
     limits: Limits,
 ) {
-    let _ = stream.set_nodelay(true);
     let routes = routes.from(stream.peer_addr().ok());
-    let (stream, activity) = Watched::new(stream);
-    let requests = activity.clone();
-    let service = hyper::service::service_fn(move |request| {
-        let busy = requests.enter();
-        let answer = hyper::service::Service::call(&routes, request);
-        async move {
-            // In hand until its body is sent: a long stream is not idle.
-            let response = answer.await?;
-            Ok::<_, std::convert::Infallible>(response.map(|body| Held::new(body, busy)))
-        }
-    });
-    let connection = limits.http1().serve_connection(TokioIo::new(stream), service);
-    let connection = connections.watch(connection);
-    tokio::spawn(async move {
-        tokio::select! {
-            result = connection => {
-                if let Err(e) = result {
-                    tracing::debug!(error = %e, "connection ended");
-                }
-            }
-            () = activity.idle(limits.idle_timeout) => {
-                tracing::debug!("idle connection closed");
-            }
-        }
-        drop(open);
-    });
+    let answer = move |request| hyper::service::Service::call(&routes, request);
+    slotgate_http::conn::connection(stream, answer, limits, connections, open);
 }
 
 /// The next client connection.

@@ -340,16 +340,34 @@ fn one(
     counted: Counted,
     connections: &hyper_util::server::graceful::GracefulShutdown,
 ) {
+    let answer = move |request: Request<Incoming>| {
+        let (mut head, body) = request.into_parts();
+        head.extensions.insert(ConnectInfo(peer));
+        let body = axum::body::Body::new(Timed::new(body, limits.body_timeout));
+        tower_call(router.clone(), Request::from_parts(head, body))
+    };
+    connection(stream, answer, limits, connections, counted);
+}
+
+/// Serves `stream` with `answer`, within `limits` (the head's timeout, closed
+/// once idle), as HTTP/1.1 with no Nagle delay (a stream's small events go out
+/// at once), in a task of its own; `done` is dropped when the connection ends.
+pub fn connection<A, F>(
+    stream: TcpStream,
+    answer: A,
+    limits: Limits,
+    connections: &hyper_util::server::graceful::GracefulShutdown,
+    done: impl Send + 'static,
+) where
+    A: Fn(Request<Incoming>) -> F + Send + 'static,
+    F: Future<Output = Result<axum::response::Response, std::convert::Infallible>> + Send + 'static,
+{
     let _ = stream.set_nodelay(true);
     let (stream, activity) = Watched::new(stream);
     let requests = activity.clone();
     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
         let busy = requests.enter();
-        let (mut head, body) = request.into_parts();
-        head.extensions.insert(ConnectInfo(peer));
-        let request =
-            Request::from_parts(head, axum::body::Body::new(Timed::new(body, limits.body_timeout)));
-        let answer = tower_call(router.clone(), request);
+        let answer = answer(request);
         async move {
             // In hand until its body is sent: a long stream is not idle.
             let response = answer.await?;
@@ -366,10 +384,10 @@ fn one(
                 }
             }
             () = activity.idle(limits.idle_timeout) => {
-                tracing::debug!(%peer, "idle connection closed");
+                tracing::debug!("idle connection closed");
             }
         }
-        drop(counted);
+        drop(done);
     });
 }
 
