@@ -223,11 +223,13 @@ async fn a_request_that_kills_backends_is_answered_502_after_the_second() {
         fake.push(&[Step::Reset]);
     }
     let urls: Vec<&str> = fakes.iter().map(|f| f.url.as_str()).collect();
-    let gw = gateway(&urls, &[]);
+    // Sent under an alias, so that the body forwarded is a rewrite of the one
+    // sent: the client's own body is what is remembered.
+    let gw = gateway(&urls, &[("SLOTGATE_ALIASES__ALIAS", "fake")]);
     let client = client();
     ready(&client, &gw, 3).await;
     let url = format!("{}/v1/chat/completions", gw.url);
-    let poison = json!({"model": "fake", "messages": [{"role": "user", "content": "boom"}]});
+    let poison = json!({"model": "alias", "messages": [{"role": "user", "content": "boom"}]});
     let sent =
         || fakes.iter().map(|f| f.requests.load(std::sync::atomic::Ordering::SeqCst)).sum::<u32>();
     let (status, answer) = post(&client, &url, &poison).await;

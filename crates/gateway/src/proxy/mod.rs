@@ -158,6 +158,9 @@ impl Forwarder {
         // Keys are charged for tokens, so a stream must report them: asked for
         // here when the client did not, and taken out again before it sees them.
         let strip_usage = caller.tenant.is_some() && peek.stream && !peek.usage_asked;
+        // The body as the client sent it, which a poisonous one is remembered by
+        // (what is forwarded may be rewritten below).
+        let sent = body.clone();
         let mut body = body;
         if target.is_some() || strip_usage {
             // The backend knows the model by its own name: the body says that one.
@@ -254,7 +257,7 @@ impl Forwarder {
                     deaths += 1;
                     if deaths >= poison::DEATHS {
                         tracing::error!(request_id = ?request_id, model, "{deaths} backends died under this request: refused as poison");
-                        let err = self.poisons.remember(&body);
+                        let err = self.poisons.remember(&sent);
                         record.refused(err.status());
                         return Err(err);
                     }
@@ -280,6 +283,19 @@ impl Forwarder {
         };
         record.refused(err.status());
         Err(err)
+    }
+
+    /// Marks `backend` full until it reports its slots, or for [`FULL_MARK`] at
+    /// most; then the requests waiting for it are woken.
+    fn mark_full(&self, backend: &Arc<Backend>) {
+        let mark = backend.mark_full();
+        let (pool, backend) = (self.pool.clone(), backend.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(FULL_MARK).await;
+            if backend.unmark_full(mark) {
+                pool.wake_backend(&backend);
+            }
+        });
     }
 
     /// One attempt on the claimed backend: its status and answer, or what failed.
@@ -319,7 +335,8 @@ impl Forwarder {
         let status = reply.status;
         let mut upstream = reply.body;
         if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
-            let bytes = collect(upstream).await.unwrap_or_default();
+            let bytes = tokio::time::timeout_at(deadline, collect(upstream));
+            let bytes = bytes.await.map_err(|_| silent())?.unwrap_or_default();
             match crate::retry::refusal(status.as_u16(), &bytes) {
                 Some(Refusal::Full) => {
                     self.mark_full(backend);
@@ -348,21 +365,6 @@ impl Forwarder {
             tokio::time::timeout_at(deadline, collect(upstream)).await.map_err(|_| silent())?;
         let bytes = bytes.map_err(|_| Failure::BrokenBody)?;
         Ok((status, Answer::Whole(bytes)))
-    }
-}
-
-impl Forwarder {
-    /// Marks `backend` full until it reports its slots, or for [`FULL_MARK`] at
-    /// most; then the requests waiting for it are woken.
-    fn mark_full(&self, backend: &Arc<Backend>) {
-        let mark = backend.mark_full();
-        let (pool, backend) = (self.pool.clone(), backend.clone());
-        tokio::spawn(async move {
-            tokio::time::sleep(FULL_MARK).await;
-            if backend.unmark_full(mark) {
-                pool.wake_backend(&backend);
-            }
-        });
     }
 }
 
