@@ -509,3 +509,62 @@ async fn two_replicas_on_one_redis_enforce_one_limit() {
     let text = client.get(metrics(&replicas[0])).send().await.unwrap().text().await.unwrap();
     assert_eq!(metric_sum(&text, "slotgate_limits_redis_up"), 0.0);
 }
+
+/// The `cache_salt` a gateway gives the key `key`: SHA-256 of a label and the
+/// key's SHA-256, in hex (derived here independently of the gateway's code).
+fn salt_of_key(key: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let mut input = b"slotgate cache_salt\0".to_vec();
+    input.extend_from_slice(&Sha256::digest(key.as_bytes()));
+    Sha256::digest(&input).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// With `cache_isolation`, a key's prompts share no cached prefix with another
+/// key's, so `cached_tokens` cannot tell it what others sent; its own prompts
+/// stay cached, and keys without it share as before. No client can name
+/// another key's salt: a salt it sends is salted again with its own key.
+#[tokio::test]
+async fn cache_isolation_keeps_one_keys_prompts_from_anothers() {
+    let engine = engine(&["--n-parallel", "4", "--ctx-len", "1024"]);
+    let keys = "[[keys]]\nname = \"iso-a\"\nkey = \"sk-iso-a\"\ncache_isolation = true\n\
+                [[keys]]\nname = \"iso-c\"\nkey = \"sk-iso-c\"\ncache_isolation = true\n\
+                [[keys]]\nname = \"open-b\"\nkey = \"sk-open-b\"\n\
+                [[keys]]\nname = \"open-d\"\nkey = \"sk-open-d\"\n";
+    let (_config, gateway) = keyed_gateway(&(settings(&[&engine.url]) + keys), 1, &[]).await;
+    let client = client();
+    let url = format!("{}/v1/completions", gateway.url);
+    let secret = "The launch code of project Bluebird is 7-4-1-9, and the meeting moved \
+                  to Thursday at noon in the north building, room twelve.";
+    let cached = |key: &'static str, extra: Value| {
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            let mut body = completion(secret, 1);
+            body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            let (status, _, answer) = post_as(&client, &url, Some(key), &[], &body).await;
+            assert_eq!(status, 200, "{key}: {answer}");
+            answer["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()
+        }
+    };
+    let none = json!({});
+    assert_eq!(cached("sk-open-b", none.clone()).await, 0, "a cold engine");
+    assert!(cached("sk-open-d", none.clone()).await > 0, "keys without isolation share");
+    assert_eq!(cached("sk-iso-a", none.clone()).await, 0, "another key's prompt is not seen");
+    assert!(cached("sk-iso-a", none.clone()).await > 0, "its own prompt is cached");
+    assert_eq!(cached("sk-iso-c", none.clone()).await, 0, "nor another isolated key's");
+    // Naming iso-a's salt gets open-b a salt of its own, not iso-a's cache.
+    let stolen = json!({"cache_salt": salt_of_key("sk-iso-a")});
+    assert_eq!(cached("sk-open-b", stolen.clone()).await, 0, "a salt is its key's");
+    assert!(cached("sk-open-b", stolen).await > 0, "and caches under it");
+    // Straight to the engine, the salt is vLLM's: the same salt shares, another does not.
+    let direct = format!("{}/v1/completions", engine.url);
+    let mut body = completion(secret, 1);
+    body["cache_salt"] = json!("engine-salt");
+    let (status, _, answer) = post_as(&client, &direct, None, &[], &body).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let (_, _, answer) = post_as(&client, &direct, None, &[], &body).await;
+    assert!(answer["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64() > Some(0));
+    body["cache_salt"] = json!("");
+    let (status, _, answer) = post_as(&client, &direct, None, &[], &body).await;
+    assert_eq!((status, answer["error"]["param"].as_str()), (400, Some("cache_salt")), "{answer}");
+}

@@ -272,6 +272,7 @@ async fn keys(
             json!({
                 "name": &*t.name,
                 "priority": t.priority.label(),
+                "cache_isolation": t.cache_isolation,
                 "models": t.models(),
                 "limits": t.limits,
                 "usage": {

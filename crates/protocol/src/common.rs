@@ -132,6 +132,12 @@ pub struct Sampling {
     /// reproducible token for token only with the cache off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_prompt: Option<bool>,
+    /// Requests reuse each other's cached prompt prefixes only when they carry
+    /// the same salt (vLLM's extension): a tenant's salt keeps its prompts from
+    /// being probed through `cached_tokens` by another. The gateway sets it for
+    /// keys with `cache_isolation`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_salt: Option<String>,
     /// A GBNF grammar the output must match (llama.cpp extension).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grammar: Option<String>,

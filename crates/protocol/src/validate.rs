@@ -18,6 +18,8 @@ pub const MAX_TOOLS: usize = 128;
 /// Most prompts in one completions request. An engine takes fewer still: no more
 /// choices (prompts times `n`) than its slots and queue hold.
 pub const MAX_PROMPTS: usize = 2048;
+/// Longest `cache_salt`, in bytes: a salt is an identifier, not a payload.
+pub const MAX_CACHE_SALT: usize = 1024;
 
 type Check = Result<(), ApiError>;
 
@@ -50,6 +52,24 @@ impl Sampling {
             return Err(ApiError::invalid("top_k", format!("top_k must be at least 0, got {k}")));
         }
         at_least_one("n", self.n)?;
+        match self.cache_salt.as_deref() {
+            Some("") => {
+                return Err(ApiError::invalid(
+                    "cache_salt",
+                    "cache_salt must be a non-empty string when given",
+                ))
+            }
+            Some(salt) if salt.len() > MAX_CACHE_SALT => {
+                return Err(ApiError::invalid(
+                    "cache_salt",
+                    format!(
+                        "cache_salt must be at most {MAX_CACHE_SALT} bytes, got {}",
+                        salt.len()
+                    ),
+                ))
+            }
+            _ => {}
+        }
         if let Some(n) = self.n.filter(|n| *n > MAX_N) {
             return Err(ApiError::invalid("n", format!("n must be at most {MAX_N}, got {n}")));
         }

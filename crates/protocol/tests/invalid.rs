@@ -55,6 +55,9 @@ fn invalid_chat_requests() {
         (chat(r#","stream_options":{"include_usage":true}"#), Some("stream_options"), "only allowed when stream is true"),
         (chat(r#","stream":"yes""#), Some("stream"), "invalid type"),
         (chat(r#","top_k":-2"#), Some("top_k"), "top_k must be at least 0"),
+        (chat(r#","cache_salt":"""#), Some("cache_salt"), "non-empty"),
+        (chat(&format!(r#","cache_salt":"{}""#, "s".repeat(1025))), Some("cache_salt"), "at most 1024 bytes"),
+        (chat(r#","cache_salt":7"#), Some("cache_salt"), "invalid type"),
         (r#"{"model":"m","messages":[]}"#.into(), Some("messages"), "at least one message"),
         (r#"{"model":"m"}"#.into(), Some("messages"), "missing field `messages`"),
         // A missing model reads as empty (a server fills in its only model first).

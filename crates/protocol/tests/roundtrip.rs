@@ -80,6 +80,7 @@ fn sampling() -> impl Strategy<Value = Sampling> {
                 frequency_penalty: p.1.map(|v| v - 1.0),
                 logit_bias: bias.map(|m| m.into_iter().map(|(k, v)| (k, v as f32)).collect()),
                 prompt_cache_key: user.clone(),
+                cache_salt: user.clone().filter(|u| !u.is_empty() && u.len() <= 1024),
                 user,
                 cache_prompt: None,
                 grammar: None,

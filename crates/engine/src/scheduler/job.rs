@@ -50,6 +50,8 @@ pub struct GenParams {
     pub echo: bool,
     /// Reuse the longest cached prefix of the prompt.
     pub cache_prompt: bool,
+    /// Only caches made under the same salt are reused (`None` is a salt too).
+    pub cache_salt: Option<Arc<str>>,
     /// A GBNF grammar (root rule `root`) that the output must match.
     pub grammar: Option<String>,
     /// Report each token's log probability with this many alternatives.
@@ -73,6 +75,7 @@ impl Default for GenParams {
             logit_bias: Vec::new(),
             echo: false,
             cache_prompt: true,
+            cache_salt: None,
             grammar: None,
             logprobs: None,
         }
@@ -97,6 +100,7 @@ impl GenParams {
             logit_bias: sampling.logit_bias_pairs(),
             echo: false,
             cache_prompt: sampling.cache_prompt.unwrap_or(true),
+            cache_salt: sampling.cache_salt.as_deref().map(Arc::from),
             grammar: None,
             logprobs: None,
         }

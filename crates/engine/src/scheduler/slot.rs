@@ -1,6 +1,7 @@
 //! A slot: one sequence of a model's context, the task running in it, and the tokens
 //! its part of the KV cache holds (kept after a task ends, as the prompt cache).
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use llama_cpp_2::token::LlamaToken;
@@ -45,6 +46,9 @@ pub(crate) struct Slot {
     pub id: u32,
     /// Exactly the tokens in this slot's sequence of the KV cache.
     pub cache: Vec<LlamaToken>,
+    /// The `cache_salt` of the requests that made that cache: only a request
+    /// with the same salt may reuse any of it.
+    pub salt: Option<Arc<str>>,
     pub running: Option<Running>,
     /// Step number of the last admission, for least-recently-used choice.
     pub last_used: u64,
@@ -52,7 +56,16 @@ pub(crate) struct Slot {
 
 impl Slot {
     pub fn new(id: u32) -> Self {
-        Self { id, cache: Vec::new(), running: None, last_used: 0 }
+        Self { id, cache: Vec::new(), salt: None, running: None, last_used: 0 }
+    }
+
+    /// How much of `prompt`, made under `salt`, this slot's cache holds.
+    pub fn shared(&self, prompt: &[LlamaToken], salt: Option<&str>) -> usize {
+        if self.salt.as_deref() == salt {
+            common_prefix(&self.cache, prompt)
+        } else {
+            0
+        }
     }
 }
 
@@ -89,17 +102,19 @@ pub(crate) enum Pick {
 /// wins outright (the longest share first). Otherwise an empty slot is taken, so a
 /// new conversation never evicts a warm one while a slot is free; then a candidate
 /// that must give up its cache; then the least recently used slot. Ties go to the
-/// least recently used.
+/// least recently used. A slot whose cache was made under another salt shares
+/// nothing with the prompt.
 pub(crate) fn pick_slot(
     slots: &[Slot],
     prompt: &[LlamaToken],
+    salt: Option<&str>,
     similarity: f32,
 ) -> Option<(usize, Pick)> {
     let idle = || slots.iter().enumerate().filter(|(_, s)| s.running.is_none());
     let need = ((similarity * prompt.len() as f32).ceil() as usize).max(1);
     let mut warm: Option<(usize, usize, bool)> = None;
     for (i, slot) in idle() {
-        let shared = common_prefix(&slot.cache, prompt);
+        let shared = slot.shared(prompt, salt);
         if shared < need {
             continue;
         }
@@ -148,8 +163,8 @@ mod tests {
     #[test]
     fn the_next_turn_goes_back_to_its_warm_slot() {
         let s = slots(&[&[1, 2, 3, 4], &[1, 2, 9, 9], &[]]);
-        assert_eq!(pick_slot(&s, &toks(&[1, 2, 3, 4, 5, 6]), 0.1), Some((0, Pick::Warm)));
-        assert_eq!(pick_slot(&s, &toks(&[1, 2, 9, 9, 7]), 0.1), Some((1, Pick::Warm)));
+        assert_eq!(pick_slot(&s, &toks(&[1, 2, 3, 4, 5, 6]), None, 0.1), Some((0, Pick::Warm)));
+        assert_eq!(pick_slot(&s, &toks(&[1, 2, 9, 9, 7]), None, 0.1), Some((1, Pick::Warm)));
     }
 
     #[test]
@@ -157,16 +172,16 @@ mod tests {
         // Both share the template's first two tokens with the prompt: enough by the
         // similarity rule, but reusing either would throw away a conversation.
         let s = slots(&[&[1, 2, 3, 4, 5, 6], &[], &[1, 2, 7, 8, 9, 9]]);
-        assert_eq!(pick_slot(&s, &toks(&[1, 2, 40, 41]), 0.1), Some((1, Pick::Empty)));
+        assert_eq!(pick_slot(&s, &toks(&[1, 2, 40, 41]), None, 0.1), Some((1, Pick::Empty)));
     }
 
     #[test]
     fn without_an_empty_slot_a_shared_prefix_then_the_oldest() {
         let mut s = slots(&[&[1, 2, 3, 4, 5, 6], &[8, 8, 8]]);
-        assert_eq!(pick_slot(&s, &toks(&[1, 2, 40, 41]), 0.1), Some((0, Pick::Shared)));
-        assert_eq!(pick_slot(&s, &toks(&[1, 2, 40, 41]), 0.9), Some((0, Pick::Oldest)));
+        assert_eq!(pick_slot(&s, &toks(&[1, 2, 40, 41]), None, 0.1), Some((0, Pick::Shared)));
+        assert_eq!(pick_slot(&s, &toks(&[1, 2, 40, 41]), None, 0.9), Some((0, Pick::Oldest)));
         s[0].last_used = 10;
-        assert_eq!(pick_slot(&s, &toks(&[5, 5]), 0.1), Some((1, Pick::Oldest)));
+        assert_eq!(pick_slot(&s, &toks(&[5, 5]), None, 0.1), Some((1, Pick::Oldest)));
     }
 
     #[test]
@@ -174,18 +189,30 @@ mod tests {
         // 2 of 10 prompt tokens shared is below 0.5: the empty slot wins.
         let s = slots(&[&[1, 2], &[]]);
         let prompt = toks(&[1, 2, 3, 3, 3, 3, 3, 3, 3, 3]);
-        assert_eq!(pick_slot(&s, &prompt, 0.5), Some((1, Pick::Empty)));
-        assert_eq!(pick_slot(&s, &prompt, 0.1), Some((0, Pick::Warm)));
+        assert_eq!(pick_slot(&s, &prompt, None, 0.5), Some((1, Pick::Empty)));
+        assert_eq!(pick_slot(&s, &prompt, None, 0.1), Some((0, Pick::Warm)));
+    }
+
+    #[test]
+    fn a_cache_made_under_another_salt_shares_nothing() {
+        let mut s = slots(&[&[1, 2, 3, 4], &[]]);
+        s[0].salt = Some("tenant-a".into());
+        let prompt = toks(&[1, 2, 3, 4, 5]);
+        assert_eq!(pick_slot(&s, &prompt, Some("tenant-a"), 0.1), Some((0, Pick::Warm)));
+        assert_eq!(pick_slot(&s, &prompt, Some("tenant-b"), 0.1), Some((1, Pick::Empty)));
+        assert_eq!(pick_slot(&s, &prompt, None, 0.1), Some((1, Pick::Empty)), "no salt is a salt");
+        assert_eq!(s[0].shared(&prompt, Some("tenant-b")), 0);
+        assert_eq!(s[0].shared(&prompt, Some("tenant-a")), 4);
     }
 
     #[test]
     fn busy_slots_are_never_picked() {
         let mut s = slots(&[&[1, 2, 3], &[]]);
-        assert_eq!(pick_slot(&s, &toks(&[1, 2, 3, 4]), 0.1), Some((0, Pick::Warm)));
+        assert_eq!(pick_slot(&s, &toks(&[1, 2, 3, 4]), None, 0.1), Some((0, Pick::Warm)));
         s[0].running = Some(test_running());
-        assert_eq!(pick_slot(&s, &toks(&[1, 2, 3, 4]), 0.1), Some((1, Pick::Empty)));
+        assert_eq!(pick_slot(&s, &toks(&[1, 2, 3, 4]), None, 0.1), Some((1, Pick::Empty)));
         s[1].running = Some(test_running());
-        assert_eq!(pick_slot(&s, &toks(&[1, 2, 3, 4]), 0.1), None);
+        assert_eq!(pick_slot(&s, &toks(&[1, 2, 3, 4]), None, 0.1), None);
         assert_eq!(common_prefix(&toks(&[1, 2]), &toks(&[1, 3])), 1);
     }
 

@@ -71,6 +71,11 @@ pub struct KeyConfig {
     /// Its place in the queues.
     #[serde(default)]
     pub priority: Priority,
+    /// Its prompts never share cached prefixes with another key's: each request
+    /// carries a `cache_salt` of its own, so `cached_tokens` says nothing of
+    /// what other keys sent (vLLM's `cache_salt`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cache_isolation: bool,
 }
 
 /// `[cors]`: which web pages may call the gateway from a browser.

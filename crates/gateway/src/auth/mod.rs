@@ -39,6 +39,12 @@ pub struct Tenant {
     pub limits: Limits,
     /// What it has used; kept across reloads.
     pub usage: Arc<Usage>,
+    /// Its `cache_salt`: derived from the key's digest, so the same on every
+    /// replica and across restarts, and not guessable by another tenant (who
+    /// would need the key's hash). A salt its client sends is salted with it.
+    pub cache_salt: Arc<str>,
+    /// Whether a request of its without a salt of its own carries this one.
+    pub cache_isolation: bool,
 }
 
 impl Tenant {
@@ -51,6 +57,14 @@ impl Tenant {
     pub fn may_use(&self, asked: &str, model: &str) -> bool {
         self.models.as_ref().is_none_or(|m| m.iter().any(|x| x == asked || x == model))
     }
+}
+
+/// The `cache_salt` of a key whose digest is `digest`: a hash of it under a
+/// label of its own, in hex.
+fn cache_salt(digest: &[u8; 32]) -> Arc<str> {
+    let mut input = b"slotgate cache_salt\0".to_vec();
+    input.extend_from_slice(digest);
+    self::digest(&input).iter().map(|b| format!("{b:02x}")).collect::<String>().into()
 }
 
 /// The keys in force; replaced whole on reload.
@@ -70,9 +84,12 @@ impl Auth {
         let mut tenants = Vec::with_capacity(keys.len());
         for (i, key) in keys.iter().enumerate() {
             let (id, usage) = book.entry(&key.name);
+            let digest = key.digest(&format!("keys[{i}]"))?;
             tenants.push(Arc::new(Tenant {
                 name: key.name.as_str().into(),
-                digest: key.digest(&format!("keys[{i}]"))?,
+                digest,
+                cache_salt: cache_salt(&digest),
+                cache_isolation: key.cache_isolation,
                 models: key.models.clone(),
                 priority: key.priority,
                 id,

@@ -162,9 +162,28 @@ impl Forwarder {
         // (what is forwarded may be rewritten below).
         let sent = body.clone();
         let mut body = body;
-        if target.is_some() || strip_usage {
+        // Salts are the key's (only generation reads a prompt cache): with cache
+        // isolation, its prompts share cached prefixes with no other key's.
+        let generates = matches!(path, "/v1/chat/completions" | "/v1/completions");
+        let tenant = caller.tenant.as_ref().filter(|_| generates);
+        let changes = peek::Changes {
             // The backend knows the model by its own name: the body says that one.
-            body = peek::rewrite(&body, target.map(String::as_str), strip_usage)?;
+            model: target.map(String::as_str),
+            ask_usage: strip_usage,
+            salt: tenant.map(|t| &*t.cache_salt),
+            isolate: tenant.is_some_and(|t| t.cache_isolation),
+        };
+        if changes.any(&body) {
+            body = peek::rewrite(&body, &changes)?;
+        }
+        if let (Some(salt), true, Some(key)) =
+            (changes.salt, changes.isolate, peek.affinity.as_mut())
+        {
+            // Its prompts are warm only where its own went.
+            *key = crate::hash::Fnv::default()
+                .write(&key.to_le_bytes())
+                .write(salt.as_bytes())
+                .finish();
         }
         if let Some(target) = target {
             peek.model.clone_from(target);

@@ -84,15 +84,36 @@ pub fn peek(body: &[u8], headers: &HeaderMap, affinity: bool) -> Result<Peek, Ap
     Ok(Peek { model, stream, affinity, usage_asked })
 }
 
-/// `body` with its `model` replaced by `model` (an alias resolved) and, with
-/// `ask_usage`, `stream_options.include_usage` set; the rest of the body is
-/// kept as sent, byte for byte: its fields are copied as the raw text they
-/// were, never built as JSON values (see [`crate::bounded`]).
-pub fn rewrite(
-    body: &axum::body::Bytes,
-    model: Option<&str>,
-    ask_usage: bool,
-) -> Result<axum::body::Bytes, ApiError> {
+/// What a forwarded body must say that its client's may not.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Changes<'a> {
+    /// The backend's name of the model (an alias resolved).
+    pub model: Option<&'a str>,
+    /// `stream_options.include_usage` set.
+    pub ask_usage: bool,
+    /// The key's `cache_salt`: a salt the client sent is kept only salted again
+    /// with it, so that no client can name another key's salt (or an unkeyed
+    /// request's lack of one).
+    pub salt: Option<&'a str>,
+    /// A body without a salt of its own carries the key's.
+    pub isolate: bool,
+}
+
+impl Changes<'_> {
+    /// Whether the body may change at all; a salt changes it only when the
+    /// client sent one, or with `isolate`.
+    pub fn any(&self, body: &[u8]) -> bool {
+        let salts = self.salt.is_some()
+            && (self.isolate || memchr::memmem::find(body, b"cache_salt").is_some());
+        self.model.is_some() || self.ask_usage || salts
+    }
+}
+
+/// `body` with `changes` made; the rest of the body is kept as sent, byte for
+/// byte: its fields are copied as the raw text they were, never built as JSON
+/// values (see [`crate::bounded`]).
+pub fn rewrite(body: &axum::body::Bytes, changes: &Changes) -> Result<axum::body::Bytes, ApiError> {
+    let Changes { model, ask_usage, salt, isolate } = *changes;
     let fields: Fields = slotgate_protocol::parse_json(body)?;
     let json = |text: &str| serde_json::to_string(text).unwrap_or_default();
     let mut out = Vec::with_capacity(body.len() + 64);
@@ -104,12 +125,22 @@ pub fn rewrite(
         out.push(b':');
         out.extend_from_slice(value);
     };
-    let (mut has_model, mut has_options) = (false, false);
+    let (mut has_model, mut has_options, mut has_salt) = (false, false, false);
     for (key, raw) in &fields.0 {
         match (key.as_ref(), model) {
             ("model", Some(model)) => {
                 has_model = true;
                 put(&mut out, key, json(model).as_bytes());
+            }
+            ("cache_salt", _) if salt.is_some() => {
+                has_salt = true;
+                // What is no string is kept, for the backend to refuse.
+                match (salt, serde_json::from_str::<String>(raw.get())) {
+                    (Some(salt), Ok(own)) => {
+                        put(&mut out, key, json(&salted(salt, &own)).as_bytes())
+                    }
+                    _ => put(&mut out, key, raw.get().as_bytes()),
+                }
             }
             ("stream_options", _) if ask_usage => {
                 has_options = true;
@@ -125,11 +156,27 @@ pub fn rewrite(
     if ask_usage && !has_options {
         put(&mut out, "stream_options", br#"{"include_usage":true}"#);
     }
+    if let (Some(salt), false, true) = (salt, has_salt, isolate) {
+        put(&mut out, "cache_salt", json(salt).as_bytes());
+    }
     if first {
         out.push(b'{');
     }
     out.push(b'}');
     Ok(axum::body::Bytes::from(out))
+}
+
+/// A client's own salt under its key's: the two hashed together, in hex. An
+/// empty one stays empty, for the backend to refuse as it would have.
+fn salted(key_salt: &str, own: &str) -> String {
+    if own.is_empty() {
+        return String::new();
+    }
+    let mut input = Vec::with_capacity(key_salt.len() + own.len() + 1);
+    input.extend_from_slice(key_salt.as_bytes());
+    input.push(0);
+    input.extend_from_slice(own.as_bytes());
+    crate::auth::digest(&input).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// `stream_options` with `include_usage: true`, its other fields kept; what is
@@ -242,13 +289,41 @@ mod tests {
                     }
                     options["include_usage"] = json!(true);
                 }
-                let got = rewrite(&body(case.clone()), model, ask).unwrap();
+                let changes = Changes { model, ask_usage: ask, ..Changes::default() };
+                let got = rewrite(&body(case.clone()), &changes).unwrap();
                 assert_eq!(parsed(&got), expected, "{case} {model:?} {ask}");
             }
         }
         let repeated = axum::body::Bytes::from_static(br#"{"a":1,"model":"x","a":2}"#);
-        let got = rewrite(&repeated, Some("m"), false).unwrap();
+        let changes = Changes { model: Some("m"), ..Changes::default() };
+        let got = rewrite(&repeated, &changes).unwrap();
         assert_eq!(&got[..], br#"{"a":2,"model":"m"}"#);
+    }
+
+    /// A key's salt is set, or salts the client's own; the client can never
+    /// send a salt that reaches the backend unchanged.
+    #[test]
+    fn a_keys_salt_is_added_or_salts_the_clients() {
+        let rewritten = |body: &'static [u8], isolate: bool| {
+            let changes = Changes { salt: Some("k"), isolate, ..Changes::default() };
+            assert!(changes.any(body) || !isolate && body == b"{}");
+            let got = rewrite(&axum::body::Bytes::from_static(body), &changes).unwrap();
+            serde_json::from_slice::<Value>(&got).unwrap()["cache_salt"].clone()
+        };
+        let salt_of = |body| rewritten(body, true);
+        assert_eq!(salt_of(br#"{"model":"m"}"#), json!("k"));
+        assert_eq!(rewritten(b"{}", false), Value::Null, "no salt without isolation");
+        let shared = rewritten(br#"{"cache_salt":"user-1"}"#, false);
+        let own = salt_of(br#"{"cache_salt":"user-1"}"#);
+        assert!(own.as_str().is_some_and(|s| s.len() == 64 && s != "user-1"), "{own}");
+        assert_ne!(own, salt_of(br#"{"cache_salt":"user-2"}"#));
+        assert_eq!(own, salt_of(br#"{"cache_salt":"user-1"}"#), "stable");
+        assert_eq!(own, shared, "isolated or not, a client's salt is salted by its key");
+        // Whatever the backend would refuse, it still refuses.
+        assert_eq!(salt_of(br#"{"cache_salt":""}"#), json!(""));
+        assert_eq!(salt_of(br#"{"cache_salt":7}"#), json!(7));
+        let none = rewrite(&axum::body::Bytes::from_static(b"{}"), &Changes::default()).unwrap();
+        assert_eq!(&none[..], b"{}");
     }
 
     fn any_json() -> impl proptest::strategy::Strategy<Value = Value> {
@@ -292,7 +367,9 @@ mod tests {
                 let _ = peek(&bytes, &HeaderMap::new(), affinity);
             }
             if body.is_object() {
-                let out = rewrite(&bytes, Some("m"), true).unwrap();
+                let changes =
+                    Changes { model: Some("m"), ask_usage: true, salt: Some("s"), isolate: true };
+                let out = rewrite(&bytes, &changes).unwrap();
                 proptest::prop_assert!(serde_json::from_slice::<Value>(&out).is_ok());
             }
         }

@@ -83,7 +83,9 @@ impl ModelRuntime {
         }
         while !self.queue.is_empty() {
             let similarity = self.settings.slot_prompt_similarity;
-            let Some((i, pick)) = pick_slot(&self.slots, &self.queue[0].prompt, similarity) else {
+            let next = &self.queue[0];
+            let salt = next.params.cache_salt.as_deref();
+            let Some((i, pick)) = pick_slot(&self.slots, &next.prompt, salt, similarity) else {
                 return;
             };
             let Some(task) = self.queue.pop_front() else { return };
@@ -104,9 +106,10 @@ impl ModelRuntime {
                 return;
             }
         };
-        let mut shared = common_prefix(&self.slots[i].cache, &task.prompt);
+        let salt = &task.params.cache_salt;
+        let mut shared = self.slots[i].shared(&task.prompt, salt.as_deref());
         if task.params.cache_prompt && self.host_cache.enabled() && pick != Pick::Warm {
-            shared = self.restore_from_host(i, &task.prompt, shared);
+            shared = self.restore_from_host(i, &task.prompt, salt.as_deref(), shared);
         }
         let slot = &mut self.slots[i];
         // At least one prompt token is decoded again, to get logits to sample from.
@@ -125,6 +128,8 @@ impl ModelRuntime {
             keep = 0;
         }
         slot.cache.truncate(keep);
+        // What the slot holds from here on is this task's, under its salt.
+        slot.salt.clone_from(salt);
         slot.last_used = step_no;
         tracing::debug!(model = %self.id, slot = slot.id, ?pick, keep, prompt = task.prompt.len(), "admitted");
         let wait = task.enqueued.elapsed();
@@ -150,15 +155,21 @@ impl ModelRuntime {
         });
     }
 
-    /// Restores into slot `i` the host-cache entry that shares the most with
-    /// `prompt`, when it shares more than the slot's own `shared` tokens and a real
-    /// part of the prompt. The slot's cache goes to the host cache first. Returns
-    /// the shared prefix the slot now holds.
-    fn restore_from_host(&mut self, i: usize, prompt: &[LlamaToken], shared: usize) -> usize {
+    /// Restores into slot `i` the host-cache entry of `salt` that shares the most
+    /// with `prompt`, when it shares more than the slot's own `shared` tokens and a
+    /// real part of the prompt. The slot's cache goes to the host cache first.
+    /// Returns the shared prefix the slot now holds.
+    fn restore_from_host(
+        &mut self,
+        i: usize,
+        prompt: &[LlamaToken],
+        salt: Option<&str>,
+        shared: usize,
+    ) -> usize {
         let need = (self.settings.slot_prompt_similarity * prompt.len() as f32).ceil() as usize;
         // A gain of one token is no gain: the last prompt token is decoded anyway.
         let min = need.max(shared + 2).max(MIN_SAVED_TOKENS);
-        let Some(entry) = self.host_cache.take_best(prompt, min) else {
+        let Some(entry) = self.host_cache.take_best(prompt, salt, min) else {
             metrics::counter!(m::HOST_CACHE_MISSES, "model" => self.id.clone()).increment(1);
             return shared;
         };
@@ -175,6 +186,7 @@ impl ModelRuntime {
                 metrics::counter!(m::HOST_CACHE_HITS, "model" => id).increment(1);
                 let slot = &mut self.slots[i];
                 slot.cache = entry.tokens;
+                slot.salt = entry.salt;
                 common_prefix(&slot.cache, prompt)
             }
             Err(err) => {
@@ -206,7 +218,7 @@ impl ModelRuntime {
         match state {
             Ok(state) => {
                 let bytes = state.byte_len();
-                let kept = host_cache.insert(slot.cache.clone(), state);
+                let kept = host_cache.insert(slot.cache.clone(), slot.salt.clone(), state);
                 tracing::debug!(model = %id, slot = slot.id, tokens = slot.cache.len(), bytes, kept, "saved to host cache");
             }
             Err(err) => tracing::warn!(model = %id, error = %err, "host cache save failed"),
