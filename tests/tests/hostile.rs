@@ -171,6 +171,43 @@ async fn hostile_requests_are_refused_at_once_and_a_running_stream_keeps_its_pac
     assert_eq!(get(&client, &format!("{}/health", engine.url)).await.0, 200);
 }
 
+/// Work as large as a request but not refused, a batch of embeddings and
+/// grammar-bound choices, shares the scheduler thread with a running stream:
+/// the embeddings are decoded one input per step and the grammar is compiled
+/// before the job reaches the thread, so the stream keeps its pace.
+#[tokio::test]
+async fn a_batch_of_embeddings_and_grammars_beside_a_stream_do_not_stall_it() {
+    let args = ["--n-parallel", "4", "--ctx-len", "512", "--threads", "1", "--embedding", "true"];
+    let engine = engine(&args);
+    let client = client();
+    let (stream, started) =
+        watched(&client, format!("{}/v1/completions", engine.url), long_completion(150));
+    started.await.expect("the stream started");
+    // Short inputs: each is decoded whole (pooling needs the whole input in one
+    // batch), so one input holds the loop for one decode of its length.
+    let inputs: Vec<String> = (0..32).map(|i| format!("Input {i}.")).collect();
+    let url = format!("{}/v1/embeddings", engine.url);
+    let body = json!({"model": MODEL, "input": inputs});
+    let embeddings = {
+        let client = client.clone();
+        tokio::spawn(async move { post(&client, &url, &body).await })
+    };
+    // A grammar of many alternatives, each choice of which gets its own copy.
+    let words: Vec<String> = (0..400).map(|i| format!("\"w{i}x{i}y{i}\"")).collect();
+    let grammar = format!("root ::= ({})+", words.join(" | "));
+    let body =
+        json!({"model": MODEL, "prompt": "Say", "max_tokens": 4, "n": 2, "grammar": grammar});
+    let (status, answer) = post(&client, &format!("{}/v1/completions", engine.url), &body).await;
+    assert_eq!(status, 200, "{answer}");
+    let (status, answer) = embeddings.await.unwrap();
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["data"].as_array().map(Vec::len), Some(32));
+    assert_eq!(answer["data"][31]["index"], 31);
+    let (chunks, longest) = stream.await.unwrap();
+    assert!(chunks >= 100, "{chunks} chunks");
+    assert!(longest < Duration::from_millis(500), "the stream waited {longest:?} between tokens");
+}
+
 #[tokio::test]
 async fn hostile_requests_through_the_gateway_wedge_and_kill_nothing() {
     let args = ["--n-parallel", "2", "--ctx-len", "512", "--threads", "1"];

@@ -1,14 +1,16 @@
 //! Embeddings: a second context of the model, with mean pooling, that reads one
-//! input per decode and returns its L2-normalized vector, as OpenAI's are.
+//! input per decode and returns its L2-normalized vector, as OpenAI's are. The
+//! inputs are tokenized by the model's reader, off the scheduler thread; this
+//! thread decodes one input per step, between the generation steps.
 
 use std::num::NonZeroU32;
 
 use llama_cpp_2::context::params::{LlamaContextParams, LlamaPoolingType};
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
-use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
-use slotgate_protocol::{ApiError, ErrorType, PromptItem};
+use slotgate_protocol::ApiError;
+use tokio::sync::oneshot;
 
 use crate::config::ModelSettings;
 
@@ -36,58 +38,64 @@ pub(crate) fn context_params(settings: &ModelSettings) -> LlamaContextParams {
         .with_pooling_type(LlamaPoolingType::Mean)
 }
 
-/// Embeds every input; returns each vector with its token count.
-pub(crate) fn run(
-    model: &LlamaModel,
-    ctx: &mut LlamaContext<'_>,
-    inputs: &[PromptItem],
-    n_vocab: i32,
-    ctx_len: usize,
-) -> Result<Vec<Embedded>, ApiError> {
-    let vocab = model.vocab();
-    let param = |i: usize| if inputs.len() > 1 { format!("input[{i}]") } else { "input".into() };
-    let mut out = Vec::with_capacity(inputs.len());
-    for (i, input) in inputs.iter().enumerate() {
-        let tokens: Vec<LlamaToken> = match input {
-            PromptItem::Text(text) => vocab.tokenize(text.as_bytes(), true, false),
-            PromptItem::Tokens(ids) => ids
-                .iter()
-                .map(|&id| match i32::try_from(id) {
-                    Ok(t) if t < n_vocab => Ok(LlamaToken(t)),
-                    _ => Err(ApiError::invalid(
-                        param(i),
-                        format!(
-                            "token id {id} is out of range: the vocabulary has {n_vocab} tokens"
-                        ),
-                    )),
-                })
-                .collect::<Result<_, _>>()?,
-        };
-        if tokens.len() > ctx_len {
-            return Err(ApiError::new(
-                ErrorType::ExceedContextSizeError,
-                format!(
-                    "{} has {} tokens, but the context holds {ctx_len} (ctx_len)",
-                    param(i),
-                    tokens.len()
-                ),
-            )
-            .with_param(param(i))
-            .with_context(tokens.len() as u32, ctx_len as u32));
-        }
-        let mut batch = LlamaBatch::new(tokens.len(), 1);
-        for (pos, &token) in tokens.iter().enumerate() {
-            batch.add(token, pos as i32, &[0], true).map_err(|_| ApiError::internal())?;
-        }
-        let _ = ctx.clear_kv_cache_seq(None, None, None);
-        ctx.decode(&mut batch).map_err(|e| {
-            tracing::error!(error = %e, "embedding decode failed");
-            ApiError::internal()
-        })?;
-        let vector = ctx.embeddings_seq_ith(0).map_err(|_| ApiError::internal())?;
-        out.push(Embedded { vector: normalize(vector), tokens: tokens.len() as u32 });
+/// An embeddings job on the scheduler thread: its inputs, already tokens, and
+/// the vectors made so far.
+pub(crate) struct EmbedWork {
+    inputs: std::vec::IntoIter<Vec<LlamaToken>>,
+    done: Vec<Embedded>,
+    reply: oneshot::Sender<Result<Vec<Embedded>, ApiError>>,
+}
+
+impl EmbedWork {
+    pub fn new(job: super::EmbedJob) -> Self {
+        let done = Vec::with_capacity(job.inputs.len());
+        Self { inputs: job.inputs.into_iter(), done, reply: job.reply }
     }
-    Ok(out)
+
+    /// Embeds the next input. Returns the job's answer once it has one: every
+    /// vector, an error, or nothing for a client that went away.
+    pub fn step(&mut self, ctx: &mut LlamaContext<'_>) -> Option<Result<Vec<Embedded>, ApiError>> {
+        if self.reply.is_closed() {
+            return Some(Ok(Vec::new()));
+        }
+        let Some(tokens) = self.inputs.next() else {
+            return Some(Ok(std::mem::take(&mut self.done)));
+        };
+        match embed_one(ctx, &tokens) {
+            Ok(vector) => self.done.push(Embedded { vector, tokens: tokens.len() as u32 }),
+            Err(err) => return Some(Err(err)),
+        }
+        self.inputs.as_slice().is_empty().then(|| Ok(std::mem::take(&mut self.done)))
+    }
+
+    /// Sends the job's answer.
+    pub fn answer(self, result: Result<Vec<Embedded>, ApiError>) {
+        let _ = self.reply.send(result);
+    }
+}
+
+/// The refusal of embeddings by a model without an embedding context.
+pub(crate) fn not_enabled(model: &str) -> ApiError {
+    ApiError::invalid(
+        "model",
+        format!("embeddings are not enabled for model `{model}`; load it with embedding = true"),
+    )
+}
+
+/// The L2-normalized, mean-pooled vector of `tokens` (checked by the reader to
+/// fit the context).
+fn embed_one(ctx: &mut LlamaContext<'_>, tokens: &[LlamaToken]) -> Result<Vec<f32>, ApiError> {
+    let mut batch = LlamaBatch::new(tokens.len().max(1), 1);
+    for (pos, &token) in tokens.iter().enumerate() {
+        batch.add(token, pos as i32, &[0], true).map_err(|_| ApiError::internal())?;
+    }
+    let _ = ctx.clear_kv_cache_seq(None, None, None);
+    ctx.decode(&mut batch).map_err(|e| {
+        tracing::error!(error = %e, "embedding decode failed");
+        ApiError::internal()
+    })?;
+    let vector = ctx.embeddings_seq_ith(0).map_err(|_| ApiError::internal())?;
+    Ok(normalize(vector))
 }
 
 fn normalize(v: &[f32]) -> Vec<f32> {

@@ -154,6 +154,8 @@ pub struct Job {
     pub prompts: Vec<(Vec<llama_cpp_2::token::LlamaToken>, String)>,
     /// How to sample.
     pub params: GenParams,
+    /// `params.grammar`, compiled by the reader; choices sample with copies.
+    pub grammar: Option<Arc<super::sampler::Grammar>>,
     /// Where events go; dropping its receiver cancels the job.
     pub events: mpsc::UnboundedSender<Event>,
     /// The gateway replica that sent it (`x-slotgate-replica`), if one said.
@@ -171,6 +173,8 @@ pub(crate) struct Task {
     pub prompt: Arc<Vec<llama_cpp_2::token::LlamaToken>>,
     /// The job's sampling settings.
     pub params: Arc<GenParams>,
+    /// The job's compiled grammar, shared by its choices.
+    pub grammar: Option<Arc<super::sampler::Grammar>>,
     /// The sampler seed of this choice.
     pub seed: u32,
     /// The prompt's text, sent first when `params.echo` is set.

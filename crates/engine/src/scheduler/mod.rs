@@ -4,6 +4,7 @@
 //! Every request, streamed or not, becomes the same [`Job`]; the same queue and the
 //! same decode loop run it. Only the response writer differs.
 
+mod aside;
 mod embed;
 mod heartbeat;
 mod host_cache;
@@ -49,8 +50,8 @@ pub(crate) enum Command {
 pub struct EmbedJob {
     /// The model asked for.
     pub model: String,
-    /// The inputs, in the order of the answer.
-    pub inputs: Vec<slotgate_protocol::PromptItem>,
+    /// The inputs as tokens ([`Reader::read_inputs`]), in the order of the answer.
+    pub inputs: Vec<Vec<llama_cpp_2::token::LlamaToken>>,
     /// Each input's vector and token count, or why there are none.
     pub reply: oneshot::Sender<Result<Vec<Embedded>, ApiError>>,
 }
@@ -147,12 +148,24 @@ impl Scheduler {
         }
     }
 
-    /// Embeds inputs with a model whose embeddings are enabled.
+    /// Embeds inputs with a model whose embeddings are enabled. They are
+    /// tokenized and measured on a blocking thread first, as prompts are.
     pub async fn embed(
         &self,
         model: String,
         inputs: Vec<slotgate_protocol::PromptItem>,
     ) -> Result<Vec<Embedded>, ApiError> {
+        let reader = {
+            let snapshot = self.snapshot();
+            let served = snapshot.pick(Some(&model))?;
+            if !served.info.embedding {
+                return Err(embed::not_enabled(&model));
+            }
+            served.reader.clone()
+        };
+        let inputs = tokio::task::spawn_blocking(move || reader.read_inputs(&inputs))
+            .await
+            .map_err(|_| ApiError::internal())??;
         let (reply, rx) = oneshot::channel();
         self.ask(Command::Embed(EmbedJob { model, inputs, reply }), rx).await
     }
@@ -232,11 +245,12 @@ impl Scheduler {
     /// replica `replica` if one said, and the receiver of its events.
     pub fn job(
         model: String,
-        prompts: Vec<(Vec<llama_cpp_2::token::LlamaToken>, String)>,
+        read: model::ReadJob,
         params: GenParams,
         replica: Option<Arc<str>>,
     ) -> (Job, mpsc::UnboundedReceiver<Event>) {
         let (events, rx) = mpsc::unbounded_channel();
-        (Job { model, prompts, params, events, replica }, rx)
+        let grammar = read.grammar.map(Arc::new);
+        (Job { model, prompts: read.prompts, params, grammar, events, replica }, rx)
     }
 }

@@ -22,10 +22,18 @@ use super::job::GenParams;
 /// How many recent tokens the presence and frequency penalties look at.
 const PENALTY_LAST_N: i32 = 64;
 
+/// A grammar compiled by llama.cpp, never used to sample: each choice samples
+/// with a copy of it. Compiling (parsing, the left-recursion check, the first
+/// parse stacks) is as large as the grammar and runs where the request is read;
+/// a copy only duplicates the rules, on the scheduler thread when a choice
+/// gets its slot.
+#[derive(Debug)]
+pub struct Grammar(LlamaSampler);
+
 /// The grammar sampler of `grammar` (root rule `root`), or a 400 when llama.cpp
 /// cannot parse it.
-pub(crate) fn grammar(model: &LlamaModel, grammar: &str) -> Result<LlamaSampler, ApiError> {
-    LlamaSampler::grammar(model, grammar, "root").map_err(|e| {
+pub(crate) fn compile(model: &LlamaModel, grammar: &str) -> Result<Grammar, ApiError> {
+    LlamaSampler::grammar(model, grammar, "root").map(Grammar).map_err(|e| {
         tracing::debug!(error = %e, grammar, "grammar refused");
         ApiError::invalid(
             "grammar",
@@ -53,10 +61,10 @@ pub(crate) struct Drawn {
 }
 
 impl ChoiceSampler {
-    /// A fresh sampler for one choice.
-    pub fn new(params: &GenParams, seed: u32, model: &LlamaModel) -> Result<Self, ApiError> {
-        let grammar = params.grammar.as_deref().map(|g| grammar(model, g)).transpose()?;
-        Ok(Self { chain: chain(params, seed, model.n_vocab()), grammar, logprobs: params.logprobs })
+    /// A fresh sampler for one choice, with a copy of the job's `grammar`.
+    pub fn new(params: &GenParams, seed: u32, n_vocab: i32, grammar: Option<&Grammar>) -> Self {
+        let grammar = grammar.map(|g| g.0.clone());
+        Self { chain: chain(params, seed, n_vocab), grammar, logprobs: params.logprobs }
     }
 
     /// A sampler with no settings but greedy choice, for tests.
@@ -65,13 +73,23 @@ impl ChoiceSampler {
         Self { chain: LlamaSampler::greedy(), grammar: None, logprobs: None }
     }
 
-    /// Draws the token at batch index `at` and accepts it.
+    /// Whether a draw needs every logit in hand (a grammar, or log
+    /// probabilities): such draws are made beside the loop ([`super::aside`]).
+    pub fn needs_logits(&self) -> bool {
+        self.grammar.is_some() || self.logprobs.is_some()
+    }
+
+    /// Draws the token at batch index `at` and accepts it, inside llama.cpp:
+    /// for a sampler that does not [need the logits](Self::needs_logits).
     pub fn draw(&mut self, ctx: &LlamaContext<'_>, at: i32) -> Drawn {
-        if self.grammar.is_none() && self.logprobs.is_none() {
-            // The common case stays in llama.cpp: no copy of the logits here.
-            return Drawn { token: self.chain.sample(ctx, at), logprobs: None, dead_end: false };
+        if self.needs_logits() {
+            return self.draw_from(ctx.get_logits_ith(at));
         }
-        let logits = ctx.get_logits_ith(at);
+        Drawn { token: self.chain.sample(ctx, at), logprobs: None, dead_end: false }
+    }
+
+    /// Draws a token from `logits` (one per vocabulary entry) and accepts it.
+    pub fn draw_from(&mut self, logits: &[f32]) -> Drawn {
         let candidates = || {
             LlamaTokenDataArray::new(
                 (0..)

@@ -15,7 +15,9 @@ use super::text::TextStream;
 /// A task admitted into a slot.
 pub(crate) struct Running {
     pub task: Task,
-    pub sampler: ChoiceSampler,
+    /// `None` while a draw is made beside the loop ([`super::aside`]): the
+    /// slot then waits out of the batch.
+    pub sampler: Option<ChoiceSampler>,
     pub text: TextStream,
     /// Log probabilities of tokens whose text has not gone out yet.
     pub logprobs: Vec<TokenLogprob>,
@@ -223,6 +225,7 @@ mod tests {
             index: 0,
             prompt: std::sync::Arc::new(toks(&[1])),
             params: std::sync::Arc::default(),
+            grammar: None,
             seed: 0,
             echo_text: None,
             events,
@@ -231,7 +234,7 @@ mod tests {
         };
         Running {
             task,
-            sampler: ChoiceSampler::greedy(),
+            sampler: Some(ChoiceSampler::greedy()),
             text: TextStream::new(Vec::new()),
             logprobs: Vec::new(),
             n_prompt_done: 0,

@@ -11,7 +11,7 @@
 //! on a helper thread would overlap weight uploads with decodes of other contexts,
 //! which is the cross-thread use of llama.cpp's CUDA backend this design rules out.
 
-use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,7 @@ use llama_cpp_2::llama_backend::LlamaBackend;
 use slotgate_protocol::ApiError;
 use tokio::sync::oneshot;
 
+use super::aside::Drew;
 use super::job::{Event, Job, Outbox};
 use super::model::{ModelRuntime, ModelSnapshot};
 use super::{Command, Snapshot};
@@ -49,6 +50,8 @@ pub(super) struct Worker {
     /// Unloaded models that a reader on another thread still held: freed here,
     /// the only thread that touches llama.cpp's device state, once it lets go.
     unloaded: Vec<Arc<llama_cpp_2::model::LlamaModel>>,
+    /// Draws made beside the loop come back on this channel.
+    drawn: (Sender<Drew>, Receiver<Drew>),
 }
 
 impl Worker {
@@ -73,6 +76,7 @@ impl Worker {
             step_us: 0,
             heart,
             unloaded: Vec::new(),
+            drawn: std::sync::mpsc::channel(),
         }
     }
 
@@ -82,13 +86,23 @@ impl Worker {
             let busy = self.models.iter().any(ModelRuntime::is_busy);
             if !busy {
                 self.publish();
-                // Nothing to decode: sleep until a command arrives.
+                // Nothing to decode: sleep until a command arrives, or while a
+                // draw is made beside the loop, a millisecond at most.
                 self.heart.rest(true);
-                let cmd = self.commands.recv();
+                let cmd = if self.models.iter().any(ModelRuntime::is_drawing) {
+                    match self.commands.recv_timeout(Duration::from_millis(1)) {
+                        Ok(cmd) => Ok(Some(cmd)),
+                        Err(RecvTimeoutError::Timeout) => Ok(None),
+                        Err(RecvTimeoutError::Disconnected) => Err(()),
+                    }
+                } else {
+                    self.commands.recv().map(Some).map_err(|_| ())
+                };
                 self.heart.rest(false);
                 match cmd {
-                    Ok(cmd) => self.handle(cmd),
-                    Err(_) => return,
+                    Ok(Some(cmd)) => self.handle(cmd),
+                    Ok(None) => {}
+                    Err(()) => return,
                 }
             }
             self.heart.beat();
@@ -111,6 +125,12 @@ impl Worker {
 
     /// One step over every model, in a rotating order.
     fn step(&mut self) {
+        while let Ok(drew) = self.drawn.1.try_recv() {
+            match self.models.iter_mut().find(|m| m.id == drew.model) {
+                Some(model) => model.take_drawn(drew, &mut self.outbox),
+                None => drop(drew),
+            }
+        }
         self.step_no += 1;
         let n = self.models.len();
         if n == 0 {
@@ -148,13 +168,12 @@ impl Worker {
     fn handle(&mut self, cmd: Command) {
         match cmd {
             Command::Submit(job) => self.submit(job),
-            Command::Embed(job) => {
-                let result = match self.models.iter_mut().find(|m| m.id == job.model) {
-                    Some(model) => model.embed(&job.inputs),
-                    None => Err(ApiError::model_not_found(&job.model)),
-                };
-                let _ = job.reply.send(result);
-            }
+            Command::Embed(job) => match self.models.iter_mut().find(|m| m.id == job.model) {
+                Some(model) => model.queue_embed(job),
+                None => {
+                    let _ = job.reply.send(Err(ApiError::model_not_found(&job.model)));
+                }
+            },
             Command::Load(settings, reply) => self.load(settings, reply),
             Command::Unload(id, reply) => {
                 let result = match self.models.iter().position(|m| m.id == id) {
@@ -227,7 +246,7 @@ impl Worker {
         let started = Instant::now();
         // A load takes as long as the file does: not stuck.
         self.heart.rest(true);
-        let result = ModelRuntime::load(&self.backend, settings);
+        let result = ModelRuntime::load(&self.backend, settings, self.drawn.0.clone());
         self.heart.rest(false);
         self.snapshot.rcu(|s| Snapshot { loading: s.loading.saturating_sub(1), ..(**s).clone() });
         let result = result.map(|model| {

@@ -68,14 +68,14 @@ pub(super) async fn run(
     // of their own, never the scheduler's.
     let reader = served.reader.clone();
     drop(snapshot);
-    let (prompts, params) = tokio::task::spawn_blocking(move || {
-        let prompts = reader.read(&input, &params);
-        (prompts, params)
+    let (read, params) = tokio::task::spawn_blocking(move || {
+        let read = reader.read(&input, &params);
+        (read, params)
     })
     .await
     .map_err(|_| fail(model, ApiError::internal()))?;
-    let prompts = prompts.map_err(|e| fail(model, e))?;
-    let (job, mut rx) = Scheduler::job(model.to_owned(), prompts, params, replica);
+    let read = read.map_err(|e| fail(model, e))?;
+    let (job, mut rx) = Scheduler::job(model.to_owned(), read, params, replica);
     scheduler.submit(job).map_err(|e| fail(model, e))?;
     let keepalive = keepalive(state);
     let first = match keepalive.filter(|_| stream) {

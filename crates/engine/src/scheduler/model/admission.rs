@@ -97,15 +97,8 @@ impl ModelRuntime {
     /// the slot's own, or one restored from the host cache when that is longer.
     /// What the slot held goes to the host cache first when most of it would be lost.
     fn start(&mut self, i: usize, pick: Pick, task: Task, step_no: u64, outbox: &mut Outbox) {
-        // Checked when the job arrived; a failure here still ends only this task.
-        let sampler = match ChoiceSampler::new(&task.params, task.seed, self.loaded.borrow_owner())
-        {
-            Ok(sampler) => sampler,
-            Err(err) => {
-                task.send(outbox, Event::Error(err));
-                return;
-            }
-        };
+        let sampler =
+            ChoiceSampler::new(&task.params, task.seed, self.n_vocab, task.grammar.as_deref());
         let salt = &task.params.cache_salt;
         let mut shared = self.slots[i].shared(&task.prompt, salt.as_deref());
         if task.params.cache_prompt && self.host_cache.enabled() && pick != Pick::Warm {
@@ -141,7 +134,7 @@ impl ModelRuntime {
             );
         }
         slot.running = Some(Running {
-            sampler,
+            sampler: Some(sampler),
             text: TextStream::new(task.params.stop.clone()),
             logprobs: Vec::new(),
             n_prompt_done: keep,

@@ -1,5 +1,6 @@
 //! The decode step: one batch built from every running slot (generating slots
-//! first, then prompt chunks), decoded, and every slot with logits sampled.
+//! first, then prompt chunks), decoded, and every slot with logits sampled, here
+//! or, when the draw needs every logit in hand, beside the loop.
 
 use std::time::{Duration, Instant};
 
@@ -8,14 +9,15 @@ use slotgate_protocol::{ApiError, FinishReason, TokenLogprob, TopLogprob};
 
 use super::ModelRuntime;
 use crate::metrics as m;
+use crate::scheduler::aside::{draw_aside, Draw, Drew};
 use crate::scheduler::job::{ChoiceUsage, Event, Outbox};
 use crate::scheduler::sampler::Drawn;
-use crate::scheduler::slot::Running;
+use crate::scheduler::slot::{Running, Slot};
 
 impl ModelRuntime {
     /// Builds one batch from every running slot, decodes it, samples.
     pub(super) fn decode_and_sample(&mut self, outbox: &mut Outbox) -> (bool, Duration) {
-        let Self { loaded, batch, slots, settings, id, .. } = self;
+        let Self { loaded, batch, slots, settings, id, aside, .. } = self;
         let capacity = settings.batch_size as usize;
         batch.clear();
         // Generating slots first, one token each: they keep streaming while long
@@ -91,25 +93,46 @@ impl ModelRuntime {
             if let Some(token) = run.next.take() {
                 slot.cache.push(token);
             }
+            if run.sampler.as_ref().is_some_and(|s| s.needs_logits()) {
+                // Drawn beside the loop from a copy of its logits; the slot sits
+                // out of the batch until the token comes back.
+                let logits = loaded.with_dependent(|_, c| c.gen.get_logits_ith(at).to_vec());
+                if let Some(sampler) = run.sampler.take() {
+                    let keep = loaded.borrow_owner().clone();
+                    let draw = Draw { model: id.clone(), task: run.task.id, sampler, logits, keep };
+                    draw_aside(draw, aside);
+                }
+                continue;
+            }
+            let Some(sampler) = run.sampler.as_mut() else { continue };
             let sample_started = Instant::now();
-            let drawn = loaded.with_dependent(|_, c| run.sampler.draw(&c.gen, at));
+            let drawn = loaded.with_dependent(|_, c| sampler.draw(&c.gen, at));
             in_llama += sample_started.elapsed();
             generated += 1;
-            let ended = if drawn.dead_end {
-                // The grammar allows nothing more: what was made is all it allows.
-                Some(FinishReason::Stop)
-            } else {
-                model.accept(run, drawn, slot.cache.len(), outbox)
-            };
-            if let Some(reason) = ended {
-                let run = slot.running.take();
-                if let Some(run) = run {
-                    finish(run, reason, id, outbox);
-                }
-            }
+            model.settle(slot, drawn, outbox);
         }
         metrics::counter!(m::GENERATED_TOKENS, "model" => id.clone()).increment(generated);
         (true, in_llama)
+    }
+
+    /// Takes a token drawn beside the loop: the choice gets its samplers back
+    /// and goes on as if it had been drawn in the step. A choice that ended
+    /// meanwhile (its client left) drops it.
+    pub fn take_drawn(&mut self, drew: Drew, outbox: &mut Outbox) {
+        let Drew { task, sampler, drawn, keep, .. } = drew;
+        let Self { loaded, slots, settings, id, .. } = self;
+        let waiting = |r: &Running| r.task.id == task && r.sampler.is_none();
+        if let Some(slot) = slots.iter_mut().find(|s| s.running.as_ref().is_some_and(waiting)) {
+            if let Some(run) = slot.running.as_mut() {
+                run.sampler = Some(sampler);
+            }
+            metrics::counter!(m::GENERATED_TOKENS, "model" => id.clone()).increment(1);
+            let model =
+                Sampled { model: loaded.borrow_owner(), ctx_len: settings.ctx_len as usize, id };
+            model.settle(slot, drawn, outbox);
+        }
+        // The model is let go of here, on the scheduler thread.
+        drop(keep);
     }
 }
 
@@ -121,6 +144,23 @@ struct Sampled<'a> {
 }
 
 impl Sampled<'_> {
+    /// Takes the token drawn for `slot`'s choice, and ends the choice if it must.
+    fn settle(&self, slot: &mut Slot, drawn: Drawn, outbox: &mut Outbox) {
+        let in_cache = slot.cache.len();
+        let Some(run) = slot.running.as_mut() else { return };
+        let ended = if drawn.dead_end {
+            // The grammar allows nothing more: what was made is all it allows.
+            Some(FinishReason::Stop)
+        } else {
+            self.accept(run, drawn, in_cache, outbox)
+        };
+        if let Some(reason) = ended {
+            if let Some(run) = slot.running.take() {
+                finish(run, reason, self.id, outbox);
+            }
+        }
+    }
+
     /// Takes one sampled token; returns why the choice ends, if it does.
     fn accept(
         &self,

@@ -12,7 +12,7 @@ mod vocab;
 
 use std::collections::VecDeque;
 use std::num::NonZeroU32;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::context::session::SeqState;
@@ -21,9 +21,9 @@ use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::LlamaModel;
-use slotgate_protocol::{ApiError, PromptItem, SlotPhase, SlotStatus};
+use slotgate_protocol::{ApiError, SlotPhase, SlotStatus};
 
-use super::embed::Embedded;
+use super::embed::EmbedWork;
 use super::host_cache::HostCache;
 use super::job::{Event, Outbox, Task};
 use super::slot::Slot;
@@ -31,7 +31,7 @@ use crate::config::{ModelSettings, TemplateChoice};
 use crate::error::EngineError;
 use crate::template::jinja::JinjaTemplate;
 use crate::template::ChatTemplate;
-pub use reader::Reader;
+pub use reader::{ReadJob, Reader};
 pub use vocab::{VocabAnswer, VocabOp};
 
 /// The contexts of one model: one for generation, whose sequences are the slots,
@@ -62,6 +62,8 @@ pub struct ModelInfo {
     pub n_parallel: u32,
     /// Most choices one request may ask for: its slots and queue together.
     pub max_choices: u32,
+    /// Whether it has an embedding context.
+    pub embedding: bool,
     /// The template in use: `gemma`, `chatml`, `llama3`, `prompts`, `jinja` or `model`.
     pub template_name: &'static str,
     /// The Jinja template in use, else the GGUF's own, else empty.
@@ -107,6 +109,10 @@ pub(crate) struct ModelRuntime {
     batch: LlamaBatch<'static>,
     slots: Vec<Slot>,
     queue: VecDeque<Task>,
+    /// Embeddings jobs, oldest first.
+    embeds: VecDeque<EmbedWork>,
+    /// Where draws made beside the loop come back.
+    aside: std::sync::mpsc::Sender<super::aside::Drew>,
     /// KV states of conversations that had to leave their slot.
     host_cache: HostCache<SeqState>,
 }
@@ -114,7 +120,11 @@ pub(crate) struct ModelRuntime {
 impl ModelRuntime {
     /// Loads the file and creates its context. Runs on the scheduler thread: see
     /// `worker.rs` for why loading is not moved to another thread.
-    pub fn load(backend: &LlamaBackend, settings: ModelSettings) -> Result<Self, EngineError> {
+    pub fn load(
+        backend: &LlamaBackend,
+        settings: ModelSettings,
+        aside: std::sync::mpsc::Sender<super::aside::Drew>,
+    ) -> Result<Self, EngineError> {
         settings.validate()?;
         let path = settings.path().to_path_buf();
         let load_err =
@@ -163,6 +173,7 @@ impl ModelRuntime {
             ctx_len: settings.ctx_len,
             n_parallel: settings.n_parallel,
             max_choices: settings.n_parallel.saturating_add(settings.queue_size),
+            embedding: settings.embedding,
             template_name: template.name(),
             aliases: settings.aliases.clone(),
             meta: meta(&model, settings.ctx_len),
@@ -214,14 +225,24 @@ impl ModelRuntime {
             batch: LlamaBatch::new(settings.batch_size as usize, 1),
             slots: (0..n_parallel).map(Slot::new).collect(),
             queue: VecDeque::new(),
+            embeds: VecDeque::new(),
+            aside,
             host_cache: HostCache::new(settings.cache_ram_mib as usize * 1024 * 1024),
             settings,
         })
     }
 
-    /// Whether any slot is running or any task waits.
+    /// Whether a step has work: a slot running (and not waiting for a draw
+    /// beside the loop), a task waiting, or an input waiting to be embedded.
     pub fn is_busy(&self) -> bool {
-        !self.queue.is_empty() || self.slots.iter().any(|s| s.running.is_some())
+        !self.queue.is_empty()
+            || !self.embeds.is_empty()
+            || self.slots.iter().any(|s| s.running.as_ref().is_some_and(|r| r.sampler.is_some()))
+    }
+
+    /// Whether a draw beside the loop is under way.
+    pub fn is_drawing(&self) -> bool {
+        self.slots.iter().any(|s| s.running.as_ref().is_some_and(|r| r.sampler.is_none()))
     }
 
     /// One step: drop cancelled and expired work, admit queued tasks into free
@@ -232,23 +253,35 @@ impl ModelRuntime {
         self.reap_cancelled();
         self.expire_queue(outbox);
         self.admit(step_no, outbox);
-        self.decode_and_sample(outbox)
+        let (decoded, spent) = self.decode_and_sample(outbox);
+        (decoded, spent + self.embed_one())
     }
 
-    /// Embeds `inputs` at once, between two generation steps.
-    pub fn embed(&mut self, inputs: &[PromptItem]) -> Result<Vec<Embedded>, ApiError> {
-        let id = self.id.clone();
-        let n_vocab = self.n_vocab;
-        let ctx_len = self.settings.ctx_len as usize;
-        self.loaded.with_dependent_mut(|model, c| match c.embed.as_mut() {
-            Some(ctx) => super::embed::run(model, ctx, inputs, n_vocab, ctx_len),
-            None => Err(ApiError::invalid(
-                "model",
-                format!(
-                    "embeddings are not enabled for model `{id}`; load it with embedding = true"
-                ),
-            )),
-        })
+    /// Queues an embeddings job, read into tokens by the model's reader. Its
+    /// inputs are embedded one per step, between generation steps, so a job of
+    /// many inputs never holds up the streams.
+    pub fn queue_embed(&mut self, job: super::EmbedJob) {
+        if !self.info.embedding {
+            let _ = job.reply.send(Err(super::embed::not_enabled(&self.id)));
+            return;
+        }
+        self.embeds.push_back(EmbedWork::new(job));
+    }
+
+    /// Embeds the next input of the oldest embeddings job; returns the time spent.
+    fn embed_one(&mut self) -> Duration {
+        let Some(work) = self.embeds.front_mut() else { return Duration::ZERO };
+        let started = Instant::now();
+        let result = self.loaded.with_dependent_mut(|_, c| match c.embed.as_mut() {
+            Some(ctx) => work.step(ctx),
+            None => Some(Err(ApiError::internal())),
+        });
+        if let Some(result) = result {
+            if let Some(work) = self.embeds.pop_front() {
+                work.answer(result);
+            }
+        }
+        started.elapsed()
     }
 
     /// The model, for the scheduler to free once no reader holds it.
@@ -265,6 +298,9 @@ impl ModelRuntime {
         }
         for task in self.queue.drain(..) {
             task.send(outbox, Event::Error(err.clone()));
+        }
+        for work in self.embeds.drain(..) {
+            work.answer(Err(err.clone()));
         }
     }
 

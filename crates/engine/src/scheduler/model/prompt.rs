@@ -33,6 +33,7 @@ impl ModelRuntime {
                     index: p as u32 * params.n + s,
                     prompt: prompt.clone(),
                     params: params.clone(),
+                    grammar: job.grammar.clone(),
                     seed,
                     echo_text: echo_text.clone(),
                     events: job.events.clone(),

@@ -18,6 +18,7 @@ use llama_cpp_2::token::LlamaToken;
 use slotgate_protocol::{ApiError, ChatMessage, ErrorType, PromptItem, Tool};
 
 use crate::scheduler::job::{GenParams, JobInput};
+use crate::scheduler::sampler::Grammar;
 use crate::template::jinja::JinjaTemplate;
 use crate::template::ChatTemplate;
 
@@ -45,6 +46,15 @@ impl std::fmt::Debug for Reader {
 
 /// A prompt read into tokens, and its text when the answer echoes it.
 pub type Read = (Vec<LlamaToken>, String);
+
+/// A job's request, read: its prompts and its grammar, compiled.
+#[derive(Debug)]
+pub struct ReadJob {
+    /// Each prompt, in order.
+    pub prompts: Vec<Read>,
+    /// The grammar every choice samples under, if any.
+    pub grammar: Option<Grammar>,
+}
 
 impl Reader {
     /// A reader of `model`'s requests.
@@ -75,8 +85,8 @@ impl Reader {
     }
 
     /// The job's prompts as tokens, each checked to fit a slot, and its grammar
-    /// checked to parse.
-    pub fn read(&self, input: &JobInput, params: &GenParams) -> Result<Vec<Read>, ApiError> {
+    /// compiled (a 400 when it does not parse).
+    pub fn read(&self, input: &JobInput, params: &GenParams) -> Result<ReadJob, ApiError> {
         let vocab = self.model.vocab();
         let prompts: Vec<Read> = match input {
             JobInput::Chat(messages, tools) => {
@@ -124,12 +134,77 @@ impl Reader {
         for (i, (tokens, _)) in prompts.iter().enumerate() {
             self.fits_tokens(tokens.len(), (prompts.len() > 1).then_some(i), param)?;
         }
-        if let Some(grammar) = &params.grammar {
-            // Compiled once here, so that a bad one is the request's 400; the
-            // scheduler compiles it again for each choice.
-            crate::scheduler::sampler::grammar(&self.model, grammar)?;
+        // Compiled once, here; each choice copies it when it gets a slot.
+        let grammar = params
+            .grammar
+            .as_deref()
+            .map(|g| crate::scheduler::sampler::compile(&self.model, g))
+            .transpose()?;
+        Ok(ReadJob { prompts, grammar })
+    }
+
+    /// Embeddings inputs as tokens, each checked to fit the embedding context (a
+    /// slot's length); texts are measured before any is tokenized.
+    pub fn read_inputs(&self, inputs: &[PromptItem]) -> Result<Vec<Vec<LlamaToken>>, ApiError> {
+        let param =
+            |i: usize| if inputs.len() > 1 { format!("input[{i}]") } else { "input".into() };
+        for (i, input) in inputs.iter().enumerate() {
+            match input {
+                PromptItem::Text(text)
+                    if text.len() > self.ctx_len.saturating_mul(self.longest_piece) =>
+                {
+                    return Err(ApiError::new(
+                        ErrorType::ExceedContextSizeError,
+                        format!(
+                            "{} is {} bytes, more than the context of {} tokens can hold (at \
+                             most {} bytes a token)",
+                            param(i),
+                            text.len(),
+                            self.ctx_len,
+                            self.longest_piece
+                        ),
+                    )
+                    .with_param(param(i))
+                    .with_code("context_length_exceeded"));
+                }
+                PromptItem::Text(_) => {}
+                PromptItem::Tokens(ids) => self.fits_embedding(ids.len(), &param(i))?,
+            }
         }
-        Ok(prompts)
+        let vocab = self.model.vocab();
+        let mut out = Vec::with_capacity(inputs.len());
+        for (i, input) in inputs.iter().enumerate() {
+            let tokens = match input {
+                PromptItem::Text(text) => vocab.tokenize(text.as_bytes(), true, false),
+                PromptItem::Tokens(ids) => {
+                    self.token_ids(ids.iter().map(|&t| i64::from(t)), &param(i))?
+                }
+            };
+            self.fits_embedding(tokens.len(), &param(i))?;
+            out.push(tokens);
+        }
+        Ok(out)
+    }
+
+    /// Refuses an input of `tokens` (or at least that many) that does not fit
+    /// the embedding context.
+    fn fits_embedding(&self, tokens: usize, param: &str) -> Result<(), ApiError> {
+        if tokens <= self.ctx_len {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            ErrorType::ExceedContextSizeError,
+            format!(
+                "{param} has {tokens} tokens, but the context holds {} (ctx_len)",
+                self.ctx_len
+            ),
+        )
+        .with_param(param)
+        .with_code("context_length_exceeded")
+        .with_context(
+            u32::try_from(tokens).unwrap_or(u32::MAX),
+            u32::try_from(self.ctx_len).unwrap_or(u32::MAX),
+        ))
     }
 
     /// Refuses a text of `bytes` that cannot fit a slot whatever its tokens.
