@@ -593,13 +593,12 @@ async fn openai_python_sdk_chats_streamed_and_not() {
 }
 
 /// Every kind of answer validates against OpenAI's published OpenAPI document
-/// (`shared/openai-openapi`, beside the repository): required fields such as a
-/// chat message's `refusal` included.
+/// (a copy in `tests/openai-openapi`): required fields such as a chat
+/// message's `refusal` included.
 #[tokio::test]
 async fn answers_validate_against_openais_openapi_document() {
-    let spec = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/openai-openapi/openapi.yaml");
-    assert!(spec.is_file(), "{} is missing: it comes beside the repository", spec.display());
+    let spec = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("openai-openapi/openapi.yaml");
+    assert!(spec.is_file(), "{} is missing", spec.display());
     let engine = engine(&["--n-parallel", "1", "--ctx-len", "256"]);
     let out = tokio::task::spawn_blocking(move || {
         let out = python_client("openapi_check.py", &[&engine.url, MODEL, spec.to_str().unwrap()]);

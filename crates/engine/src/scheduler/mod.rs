@@ -103,6 +103,8 @@ pub struct Scheduler {
     changes: tokio::sync::watch::Receiver<u64>,
     /// Whether the thread still comes round its loop.
     heart: Arc<heartbeat::Heartbeat>,
+    /// Permits to read a request off the loop: one per core.
+    readers: Arc<tokio::sync::Semaphore>,
 }
 
 impl Scheduler {
@@ -134,7 +136,9 @@ impl Scheduler {
             },
         )?;
         ready_rx.recv().map_err(|_| EngineError::SchedulerGone)??;
-        Ok(Self { commands, snapshot, changes, heart })
+        let cores = std::thread::available_parallelism().map_or(2, usize::from);
+        let readers = Arc::new(tokio::sync::Semaphore::new(cores.max(2)));
+        Ok(Self { commands, snapshot, changes, heart, readers })
     }
 
     /// Sends a job. Its events, errors included, arrive on the job's channel.
@@ -163,9 +167,7 @@ impl Scheduler {
             }
             served.reader.clone()
         };
-        let inputs = tokio::task::spawn_blocking(move || reader.read_inputs(&inputs))
-            .await
-            .map_err(|_| ApiError::internal())??;
+        let inputs = self.off_loop(move || reader.read_inputs(&inputs)).await??;
         let (reply, rx) = oneshot::channel();
         self.ask(Command::Embed(EmbedJob { model, inputs, reply }), rx).await
     }
@@ -174,9 +176,20 @@ impl Scheduler {
     /// template (the only model's, when `None`), on a blocking thread.
     pub async fn vocab(&self, model: Option<String>, op: VocabOp) -> Result<VocabAnswer, ApiError> {
         let reader = self.snapshot().pick(model.as_deref())?.reader.clone();
-        tokio::task::spawn_blocking(move || reader.vocab_op(op))
-            .await
-            .map_err(|_| ApiError::internal())?
+        self.off_loop(move || reader.vocab_op(op)).await?
+    }
+
+    /// Runs `read` (rendering, tokenizing, compiling: work as large as a
+    /// request) on a blocking thread, never the scheduler's, and at most one per
+    /// core at once: a crowd of large requests waits here, in arrival order,
+    /// rather than crowding the decode loop off its cores. A caller that goes
+    /// away while waiting gives its turn up.
+    pub async fn off_loop<T: Send + 'static>(
+        &self,
+        read: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let _turn = self.readers.acquire().await.map_err(|_| ApiError::internal())?;
+        tokio::task::spawn_blocking(read).await.map_err(|_| ApiError::internal())
     }
 
     /// Sends `cmd`, whose answer comes back on `rx`; refused at once when the

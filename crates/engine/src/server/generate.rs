@@ -68,12 +68,13 @@ pub(super) async fn run(
     // of their own, never the scheduler's.
     let reader = served.reader.clone();
     drop(snapshot);
-    let (read, params) = tokio::task::spawn_blocking(move || {
-        let read = reader.read(&input, &params);
-        (read, params)
-    })
-    .await
-    .map_err(|_| fail(model, ApiError::internal()))?;
+    let (read, params) = scheduler
+        .off_loop(move || {
+            let read = reader.read(&input, &params);
+            (read, params)
+        })
+        .await
+        .map_err(|e| fail(model, e))?;
     let read = read.map_err(|e| fail(model, e))?;
     let (job, mut rx) = Scheduler::job(model.to_owned(), read, params, replica);
     scheduler.submit(job).map_err(|e| fail(model, e))?;
