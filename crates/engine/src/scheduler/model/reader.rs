@@ -153,19 +153,15 @@ impl Reader {
                 PromptItem::Text(text)
                     if text.len() > self.ctx_len.saturating_mul(self.longest_piece) =>
                 {
-                    return Err(ApiError::new(
-                        ErrorType::ExceedContextSizeError,
-                        format!(
-                            "{} is {} bytes, more than the context of {} tokens can hold (at \
-                             most {} bytes a token)",
-                            param(i),
-                            text.len(),
-                            self.ctx_len,
-                            self.longest_piece
-                        ),
-                    )
-                    .with_param(param(i))
-                    .with_code("context_length_exceeded"));
+                    let message = format!(
+                        "{} is {} bytes, more than the context of {} tokens can hold (at most {} \
+                         bytes a token)",
+                        param(i),
+                        text.len(),
+                        self.ctx_len,
+                        self.longest_piece
+                    );
+                    return Err(self.too_long(message, &param(i), None));
                 }
                 PromptItem::Text(_) => {}
                 PromptItem::Tokens(ids) => self.fits_embedding(ids.len(), &param(i))?,
@@ -192,19 +188,26 @@ impl Reader {
         if tokens <= self.ctx_len {
             return Ok(());
         }
-        Err(ApiError::new(
-            ErrorType::ExceedContextSizeError,
-            format!(
-                "{param} has {tokens} tokens, but the context holds {} (ctx_len)",
-                self.ctx_len
+        let message = format!(
+            "{param} has {tokens} tokens, but the context holds {} (ctx_len)",
+            self.ctx_len
+        );
+        Err(self.too_long(message, param, Some(tokens)))
+    }
+
+    /// The refusal of an input too long for the context, naming `param`, with
+    /// its token count when known.
+    fn too_long(&self, message: String, param: &str, tokens: Option<usize>) -> ApiError {
+        let err = ApiError::new(ErrorType::ExceedContextSizeError, message)
+            .with_param(param)
+            .with_code("context_length_exceeded");
+        match tokens {
+            Some(tokens) => err.with_context(
+                u32::try_from(tokens).unwrap_or(u32::MAX),
+                u32::try_from(self.ctx_len).unwrap_or(u32::MAX),
             ),
-        )
-        .with_param(param)
-        .with_code("context_length_exceeded")
-        .with_context(
-            u32::try_from(tokens).unwrap_or(u32::MAX),
-            u32::try_from(self.ctx_len).unwrap_or(u32::MAX),
-        ))
+            None => err,
+        }
     }
 
     /// Refuses a text of `bytes` that cannot fit a slot whatever its tokens.
@@ -213,17 +216,12 @@ impl Reader {
             return Ok(());
         }
         let which = which.map_or("the prompt".into(), |i| format!("prompt {i}"));
-        Err(ApiError::new(
-            ErrorType::ExceedContextSizeError,
-            format!(
-                "{which} is {bytes} bytes, more than a slot's context of {} tokens can hold \
-                 (at most {} bytes a token); shorten the prompt or start the engine with a \
-                 larger ctx_len",
-                self.ctx_len, self.longest_piece
-            ),
-        )
-        .with_param(param)
-        .with_code("context_length_exceeded"))
+        let message = format!(
+            "{which} is {bytes} bytes, more than a slot's context of {} tokens can hold (at most \
+             {} bytes a token); shorten the prompt or start the engine with a larger ctx_len",
+            self.ctx_len, self.longest_piece
+        );
+        Err(self.too_long(message, param, None))
     }
 
     /// Refuses a prompt of `tokens` that does not fit a slot.
@@ -237,20 +235,12 @@ impl Reader {
             return Ok(());
         }
         let which = which.map_or("the prompt".into(), |i| format!("prompt {i}"));
-        Err(ApiError::new(
-            ErrorType::ExceedContextSizeError,
-            format!(
-                "{which} has {tokens} tokens, but a slot's context holds {} (ctx_len); \
-                 shorten the prompt or start the engine with a larger ctx_len",
-                self.ctx_len
-            ),
-        )
-        .with_param(param)
-        .with_code("context_length_exceeded")
-        .with_context(
-            u32::try_from(tokens).unwrap_or(u32::MAX),
-            u32::try_from(self.ctx_len).unwrap_or(u32::MAX),
-        ))
+        let message = format!(
+            "{which} has {tokens} tokens, but a slot's context holds {} (ctx_len); shorten the \
+             prompt or start the engine with a larger ctx_len",
+            self.ctx_len
+        );
+        Err(self.too_long(message, param, Some(tokens)))
     }
 
     /// The prompt a conversation becomes with this model's template.
