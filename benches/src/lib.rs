@@ -4,6 +4,7 @@
 //! comparison starts ([`peer`], [`nginx`]) and wrk as a second opinion ([`wrk`]). Each comparison is a binary under `src/bin`;
 //! `scripts/bench` installs what it needs and runs it.
 
+pub mod arrival;
 pub mod chart;
 pub mod conversation;
 pub mod load;

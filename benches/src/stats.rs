@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::load::Arrival;
+use crate::arrival::Arrival;
 
 /// The p-th percentile (0..=100) of durations, in milliseconds, by nearest rank;
 /// NaN (written as `null` in JSON) when there are none.

@@ -2,38 +2,39 @@
 //! sends each request to a healthy backend that serves its model and has a free
 //! slot, queues it when none has, and retries elsewhere while nothing has reached
 //! the client yet.
+//!
+//! The crate, in the order a request meets it; each folder uses only those
+//! after it:
+//!
+//! - [`serve`]: the process: starting and stopping ([`serve::server`]), the
+//!   worker threads that accept clients, the routes, the state they share
+//!   ([`serve::app`]), the admin API, the reload and `/ui`.
+//! - [`proxy`]: one request forwarded: its body peeked, a slot claimed, the
+//!   attempts and their one retry policy, the HTTP client to the backends, the
+//!   answer relayed, its usage charged and its metrics recorded.
+//! - [`tenancy`]: who is calling: client keys, their limits (shared through
+//!   Redis by replicas), the admin key, CORS.
+//! - [`fleet`]: the backends: where they are (targets, DNS discovery, supervised
+//!   engines), what they can take (health checks, pushed slot state, vLLM load),
+//!   and which one a request goes to (the pool and its fair queues, the
+//!   balancing policies, affinity).
+//! - [`config`]: the settings, read and checked in one place (each section's
+//!   type lives beside the code it configures), the part a reload swaps live,
+//!   and the error type.
+//! - [`metrics`]: the names of what is exported to Prometheus.
+//!
+//! A request's path: `serve::workers` accepts it, `serve::routes` finds the
+//! endpoint and `tenancy` the caller; `proxy::Forwarder` peeks at the body, asks
+//! `fleet::pool` for a slot (waiting in its queue if none is free), sends the
+//! body through `proxy::upstream` and relays the answer.
 
-pub mod admin;
-pub mod affinity;
-pub mod auth;
-pub mod backend;
-pub mod balancer;
-pub mod bounded;
 pub mod config;
-pub mod discovery;
-pub mod error;
-pub mod hash;
-pub mod health;
-pub mod ids;
-pub mod live;
-pub mod load_metrics;
+pub mod fleet;
 pub mod metrics;
-pub mod pool;
 pub mod proxy;
-pub mod recent;
-pub mod retry;
-pub mod routes;
-pub mod server;
-pub mod slot_events;
-pub mod spread;
-pub mod supervisor;
-pub mod target;
-pub mod turns;
-pub mod ui;
-pub mod upstream;
-pub mod usage;
-pub mod workers;
+pub mod serve;
+pub mod tenancy;
 
+pub use config::error::GatewayError;
 pub use config::{Cli, GatewayConfig};
-pub use error::GatewayError;
-pub use server::Gateway;
+pub use serve::server::Gateway;

@@ -155,7 +155,7 @@ pub struct Job {
     /// How to sample.
     pub params: GenParams,
     /// `params.grammar`, compiled by the reader; choices sample with copies.
-    pub grammar: Option<Arc<super::sampler::Grammar>>,
+    pub grammar: Option<Arc<super::grammar::Grammar>>,
     /// Where events go; dropping its receiver cancels the job.
     pub events: mpsc::UnboundedSender<Event>,
     /// The gateway replica that sent it (`x-slotgate-replica`), if one said.
@@ -174,7 +174,7 @@ pub(crate) struct Task {
     /// The job's sampling settings.
     pub params: Arc<GenParams>,
     /// The job's compiled grammar, shared by its choices.
-    pub grammar: Option<Arc<super::sampler::Grammar>>,
+    pub grammar: Option<Arc<super::grammar::Grammar>>,
     /// The sampler seed of this choice.
     pub seed: u32,
     /// The prompt's text, sent first when `params.echo` is set.

@@ -6,6 +6,7 @@
 
 mod aside;
 mod embed;
+mod grammar;
 mod heartbeat;
 mod host_cache;
 mod job;

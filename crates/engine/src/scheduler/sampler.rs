@@ -9,39 +9,17 @@
 //! grammar forbids is never accepted (llama.cpp aborts on one).
 
 use llama_cpp_2::context::LlamaContext;
-use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::data::LlamaTokenData;
 use llama_cpp_2::token::data_array::LlamaTokenDataArray;
 use llama_cpp_2::token::logit_bias::LlamaLogitBias;
 use llama_cpp_2::token::LlamaToken;
-use slotgate_protocol::ApiError;
 
+use super::grammar::Grammar;
 use super::job::GenParams;
 
 /// How many recent tokens the presence and frequency penalties look at.
 const PENALTY_LAST_N: i32 = 64;
-
-/// A grammar compiled by llama.cpp, never used to sample: each choice samples
-/// with a copy of it. Compiling (parsing, the left-recursion check, the first
-/// parse stacks) is as large as the grammar and runs where the request is read;
-/// a copy only duplicates the rules, on the scheduler thread when a choice
-/// gets its slot.
-#[derive(Debug)]
-pub struct Grammar(LlamaSampler);
-
-/// The grammar sampler of `grammar` (root rule `root`), or a 400 when llama.cpp
-/// cannot parse it.
-pub(crate) fn compile(model: &LlamaModel, grammar: &str) -> Result<Grammar, ApiError> {
-    LlamaSampler::grammar(model, grammar, "root").map(Grammar).map_err(|e| {
-        tracing::debug!(error = %e, grammar, "grammar refused");
-        ApiError::invalid(
-            "grammar",
-            "the grammar cannot be parsed: it must be GBNF (llama.cpp's grammar format) \
-             with a `root` rule, every rule defined, and no left recursion",
-        )
-    })
-}
 
 /// One choice's sampling state.
 pub(crate) struct ChoiceSampler {
@@ -63,7 +41,7 @@ pub(crate) struct Drawn {
 impl ChoiceSampler {
     /// A fresh sampler for one choice, with a copy of the job's `grammar`.
     pub fn new(params: &GenParams, seed: u32, n_vocab: i32, grammar: Option<&Grammar>) -> Self {
-        let grammar = grammar.map(|g| g.0.clone());
+        let grammar = grammar.map(Grammar::copy);
         Self { chain: chain(params, seed, n_vocab), grammar, logprobs: params.logprobs }
     }
 

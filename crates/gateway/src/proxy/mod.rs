@@ -6,11 +6,17 @@
 //! at any point of it is retried too. Once a stream has started it is never
 //! retried; if the backend dies mid-stream the client gets a final SSE error event.
 
+pub mod bounded;
+pub mod ids;
 mod peek;
 mod poison;
+pub mod recent;
 mod record;
 mod relay;
+pub mod retry;
 mod strip;
+pub mod upstream;
+pub mod usage;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,15 +27,15 @@ use axum::response::Response;
 use http_body_util::BodyExt;
 use slotgate_protocol::{ApiError, ErrorType};
 
-use crate::auth::limits::UsageBook;
-use crate::auth::Tenant;
-use crate::backend::Backend;
-use crate::error::{api_response, RETRY_AFTER_SECS};
-use crate::live::{Live, LiveCell};
+use crate::config::error::{api_response, RETRY_AFTER_SECS};
+use crate::config::live::{Live, LiveCell};
+use crate::fleet::backend::Backend;
+use crate::fleet::pool::{Claim, Class, Pool, Wait};
 use crate::metrics as m;
-use crate::pool::{Claim, Class, Pool, Wait};
-use crate::retry::{Failure, Next, Outcome, Refusal, RetryPolicy};
-use crate::upstream::{Body as UpstreamBody, SendError, Upstream};
+use crate::proxy::retry::{Failure, Next, Outcome, Refusal, RetryPolicy};
+use crate::proxy::upstream::{BackendClient, Body as UpstreamBody, SendError};
+use crate::tenancy::limits::UsageBook;
+use crate::tenancy::Tenant;
 use record::Record;
 use relay::Relay;
 
@@ -48,7 +54,7 @@ const FULL_MARK: Duration = Duration::from_secs(1);
 /// backends with, and the retry policy.
 pub struct Forwarder {
     pool: Arc<Pool>,
-    upstream: Upstream,
+    upstream: BackendClient,
     /// Shared by every worker thread: one budget for the whole gateway.
     retry: Arc<RetryPolicy>,
     /// Keys, CORS and aliases in force.
@@ -92,7 +98,7 @@ impl Forwarder {
     /// A forwarder over `pool`.
     pub fn new(
         pool: Arc<Pool>,
-        upstream: Upstream,
+        upstream: BackendClient,
         retry: Arc<RetryPolicy>,
         live: LiveCell,
         book: Arc<UsageBook>,
@@ -130,7 +136,7 @@ impl Forwarder {
             .get(REQUEST_ID)
             .filter(|v| !v.is_empty() && v.len() <= 128 && v.to_str().is_ok())
             .cloned()
-            .unwrap_or_else(crate::ids::request_id);
+            .unwrap_or_else(crate::proxy::ids::request_id);
         let attempts = self.attempts(path, headers, body, &request_id, started, caller);
         let mut response = match attempts.await {
             Ok(response) => response,
@@ -180,7 +186,7 @@ impl Forwarder {
             (changes.salt, changes.isolate, peek.affinity.as_mut())
         {
             // Its prompts are warm only where its own went.
-            *key = crate::hash::Fnv::default()
+            *key = crate::fleet::hash::Fnv::default()
                 .write(&key.to_le_bytes())
                 .write(salt.as_bytes())
                 .finish();
@@ -356,7 +362,7 @@ impl Forwarder {
         if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
             let bytes = tokio::time::timeout_at(deadline, collect(upstream));
             let bytes = bytes.await.map_err(|_| silent())?.unwrap_or_default();
-            match crate::retry::refusal(status.as_u16(), &bytes) {
+            match crate::proxy::retry::refusal(status.as_u16(), &bytes) {
                 Some(Refusal::Full) => {
                     self.mark_full(backend);
                     return Err(Failure::SlotUnavailable);
@@ -457,14 +463,14 @@ impl Answer {
 }
 
 /// Reads a whole answer; its connection is then pooled again.
-async fn collect(body: UpstreamBody) -> Result<Bytes, crate::upstream::BodyError> {
+async fn collect(body: UpstreamBody) -> Result<Bytes, crate::proxy::upstream::BodyError> {
     Ok(body.collect().await?.to_bytes())
 }
 
 /// Counts the usage that `backend` reported in an answer or chunk: its
 /// prompt-cache reuse, and the tokens of the request's key.
 fn count_usage(backend: &Backend, record: &mut Record, bytes: &[u8]) {
-    if let Some(usage) = crate::usage::scan(bytes) {
+    if let Some(usage) = crate::proxy::usage::scan(bytes) {
         m::prompt_reuse(&backend.url(), usage.prompt, usage.cached);
         record.tokens(usage.prompt, usage.completion, usage.cached);
     }

@@ -9,8 +9,8 @@ use serde_json::Value;
 use slotgate_protocol::validate::MAX_N;
 use slotgate_protocol::ApiError;
 
-use crate::affinity::{Opening, PromptHead, Said};
-use crate::bounded::{Scalar, StreamOptions};
+use crate::fleet::affinity::{Opening, PromptHead, Said};
+use crate::proxy::bounded::{Scalar, StreamOptions};
 
 /// The fields routing needs.
 #[derive(Debug)]
@@ -28,14 +28,14 @@ pub struct Peek {
 /// The two fields every policy needs; the rest of the body is checked to be
 /// JSON and skipped without building it.
 #[derive(Deserialize)]
-struct Head {
+struct BodyHead {
     model: Option<Scalar>,
     stream: Option<Scalar>,
     stream_options: Option<StreamOptions>,
     n: Option<Scalar>,
 }
 
-/// [`Head`] and what the affinity key is derived from ([`Said`]): of a chat,
+/// [`BodyHead`] and what the affinity key is derived from ([`Said`]): of a chat,
 /// only its opening messages are read, their text borrowed from the body.
 /// `Said`'s fields are listed again rather than `#[serde(flatten)]`ed: flatten
 /// buffers every other field of the body, the cost this pass exists to avoid.
@@ -66,7 +66,7 @@ pub fn peek(body: &[u8], headers: &HeaderMap, affinity: bool) -> Result<Peek, Ap
         };
         (k.model, k.stream, k.stream_options, k.n, Some(said))
     } else {
-        let head: Head = slotgate_protocol::parse_json(body)?;
+        let head: BodyHead = slotgate_protocol::parse_json(body)?;
         (head.model, head.stream, head.stream_options, head.n, None)
     };
     // Refused before a slot is claimed for it; the backend checks the rest.
@@ -78,7 +78,7 @@ pub fn peek(body: &[u8], headers: &HeaderMap, affinity: bool) -> Result<Peek, Ap
         Some(_) => return Err(ApiError::invalid("model", "model must be a string")),
         None => String::new(),
     };
-    let affinity = keyed.and_then(|said| crate::affinity::key(&model, &said, headers));
+    let affinity = keyed.and_then(|said| crate::fleet::affinity::key(&model, &said, headers));
     let stream = stream.and_then(|s| s.0.as_bool()).unwrap_or(false);
     let usage_asked = options.and_then(|o| o.include_usage).and_then(|u| u.as_bool()) == Some(true);
     Ok(Peek { model, stream, affinity, usage_asked })
@@ -111,7 +111,7 @@ impl Changes<'_> {
 
 /// `body` with `changes` made; the rest of the body is kept as sent, byte for
 /// byte: its fields are copied as the raw text they were, never built as JSON
-/// values (see [`crate::bounded`]).
+/// values (see [`crate::proxy::bounded`]).
 pub fn rewrite(body: &axum::body::Bytes, changes: &Changes) -> Result<axum::body::Bytes, ApiError> {
     let Changes { model, ask_usage, salt, isolate } = *changes;
     let fields: Fields = slotgate_protocol::parse_json(body)?;
@@ -176,7 +176,7 @@ fn salted(key_salt: &str, own: &str) -> String {
     input.extend_from_slice(key_salt.as_bytes());
     input.push(0);
     input.extend_from_slice(own.as_bytes());
-    crate::auth::digest(&input).iter().map(|b| format!("{b:02x}")).collect()
+    crate::tenancy::digest(&input).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// `stream_options` with `include_usage: true`, its other fields kept; what is

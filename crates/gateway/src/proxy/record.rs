@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::auth::limits::Permit;
 use crate::metrics as m;
+use crate::tenancy::limits::Permit;
 
 /// What the metrics say of one request; recorded when dropped.
 pub struct Record {
@@ -99,7 +99,14 @@ impl Drop for Record {
         let times = ttft.map(|ttft| (ttft.as_secs_f64(), duration.as_secs_f64()));
         m::request_done(&self.model, backend, self.status, times);
         let [prompt, completion, cached] = self.tokens;
-        crate::recent::RECENT.ended(&self.model, backend, self.status, ttft, duration, completion);
+        crate::proxy::recent::RECENT.ended(
+            &self.model,
+            backend,
+            self.status,
+            ttft,
+            duration,
+            completion,
+        );
         let ms = |s: f64| (s * 1000.0 * 10.0).round() / 10.0;
         tracing::info!(
             target: "slotgate::access",

@@ -19,13 +19,13 @@ use slotgate_protocol::{sse, ApiError, ErrorType};
 
 use super::record::Record;
 use super::strip::UsageStrip;
-use crate::pool::Claim;
-use crate::upstream::Body as Upstream;
+use crate::fleet::pool::Claim;
+use crate::proxy::upstream::Body as UpstreamBody;
 
 /// The rest of an upstream stream whose first chunk has arrived.
 pub struct Relay {
     first: Option<Bytes>,
-    upstream: Upstream,
+    upstream: UpstreamBody,
     claim: Claim,
     record: Record,
     /// Takes out the usage event that the gateway asked for, not the client.
@@ -49,7 +49,7 @@ impl Relay {
     /// `silence` at most between chunks.
     pub fn new(
         first: Bytes,
-        upstream: Upstream,
+        upstream: UpstreamBody,
         claim: Claim,
         record: Record,
         strip: Option<UsageStrip>,
@@ -204,7 +204,7 @@ mod tests {
     use tokio::net::TcpListener;
 
     use crate::config::{BackendConfig, GatewayConfig, Routing};
-    use crate::server::Gateway;
+    use crate::serve::server::Gateway;
 
     const EVENTS: &str =
         "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"ok\"}}]}\n\ndata: [DONE]\n\n";

@@ -17,8 +17,8 @@ use llama_cpp_2::model::{LlamaChatMessage, LlamaModel};
 use llama_cpp_2::token::LlamaToken;
 use slotgate_protocol::{ApiError, ChatMessage, ErrorType, PromptItem, Tool};
 
+use crate::scheduler::grammar::Grammar;
 use crate::scheduler::job::{GenParams, JobInput};
-use crate::scheduler::sampler::Grammar;
 use crate::template::jinja::JinjaTemplate;
 use crate::template::ChatTemplate;
 
@@ -138,7 +138,7 @@ impl Reader {
         let grammar = params
             .grammar
             .as_deref()
-            .map(|g| crate::scheduler::sampler::compile(&self.model, g))
+            .map(|g| crate::scheduler::grammar::compile(&self.model, g))
             .transpose()?;
         Ok(ReadJob { prompts, grammar })
     }

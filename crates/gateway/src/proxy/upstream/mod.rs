@@ -1,0 +1,472 @@
+//! The gateway's HTTP/1.1 client to its backends: a pool of kept-alive
+//! connections per backend, owned by one worker thread, each request written in
+//! one piece and its answer read on the request's own task.
+//!
+//! hyper's client cost a quarter of the proxy's time per request here (see
+//! BENCHMARKS.md, gateway overhead): a task per connection, a channel to it and
+//! one back per request, and a `Uri` and header map built and encoded for a
+//! request that is always the same POST. Here the head is written straight from
+//! the parts that vary, the answer's head is parsed for what the gateway uses
+//! (status and framing), and the body is decoded where it is polled
+//! ([`answer`]). The connection goes back to the pool when its answer has been
+//! read to the end.
+
+mod answer;
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::http::{header, HeaderValue, StatusCode};
+use bytes::BytesMut;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+use answer::{read_head, HeadError};
+pub use answer::{Body, BodyError};
+
+use crate::config::Routing;
+
+/// Why a request got no answer at all.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// The connection was refused or timed out: the backend is down.
+    #[error("connect: {0}")]
+    Connect(String),
+    /// The connection broke before the answer's head arrived.
+    #[error("{0}")]
+    Broken(String),
+    /// The backend's URL and the path make no valid URI.
+    #[error("invalid backend URI: {0}")]
+    Uri(String),
+}
+
+/// Idle connections kept per backend, at most.
+const MAX_IDLE: usize = 1024;
+
+/// Bodies up to this size are copied behind the head and sent in one write.
+const ONE_WRITE: usize = 16 * 1024;
+
+/// How much is read from a socket at once, at least.
+const READ_SIZE: usize = 8 * 1024;
+
+/// A connection idle for longer is checked for a close before it is used; one
+/// idle for less is used at once (a look costs a system call per request), and
+/// if the backend did close it, it answers nothing and the request goes again.
+const LOOK_AFTER: Duration = Duration::from_millis(100);
+
+/// Pooled connections to every backend.
+#[derive(Debug)]
+pub struct BackendClient {
+    /// By base URL: a restarted engine's new port is a new entry.
+    hosts: Mutex<HashMap<String, Arc<Host>>>,
+    connect_timeout: Duration,
+    idle_timeout: Duration,
+    /// This gateway's name, sent with every request (`x-slotgate-replica`).
+    replica: HeaderValue,
+}
+
+/// One backend URL: where to connect, what to send as `Host`, and its idle
+/// connections, the most recently used last.
+#[derive(Debug)]
+struct Host {
+    /// `host:port`, as `TcpStream::connect` takes it.
+    addr: String,
+    authority: HeaderValue,
+    /// A path the base URL itself has (`http://h/prefix`), put before each path.
+    prefix: String,
+    idle: Mutex<Vec<(Conn, Instant)>>,
+    idle_timeout: Duration,
+}
+
+/// One connection to a backend, and what has been read from it and not used.
+#[derive(Debug)]
+struct Conn {
+    stream: TcpStream,
+    buf: BytesMut,
+}
+
+/// A backend's answer: its status, and its body still to read.
+pub struct Reply {
+    /// The answer's status.
+    pub status: StatusCode,
+    /// The body; read to its end, it gives the connection back to the pool.
+    pub body: Body,
+}
+
+impl BackendClient {
+    /// A client with the pool and connect timeouts of `routing`, naming itself
+    /// `replica` to the backends.
+    pub fn new(routing: &Routing, replica: HeaderValue) -> Self {
+        Self {
+            hosts: Mutex::default(),
+            connect_timeout: Duration::from_millis(routing.connect_timeout_ms),
+            idle_timeout: Duration::from_millis(routing.pool_idle_timeout_ms),
+            replica,
+        }
+    }
+
+    /// POSTs a JSON `body` to `base` + `path` with `headers` added, and returns the
+    /// answer's status with its body still to read.
+    pub async fn post(
+        &self,
+        base: &str,
+        path: &'static str,
+        headers: impl IntoIterator<Item = (header::HeaderName, HeaderValue)>,
+        body: Bytes,
+    ) -> Result<Reply, SendError> {
+        let host = self.host(base)?;
+        let head = self.encode(&host, path, headers, &body);
+        // A pooled connection that the backend closed while it lay idle answers
+        // nothing at all: the request goes again on the next one, and at last on
+        // a new connection (as nginx does with its cached upstream connections).
+        // Idle connections seen closed are skipped before anything is sent.
+        while let Some(mut conn) = host.take() {
+            match exchange(&mut conn, &head, &body).await {
+                Ok(answer) => return Ok(Reply::new(answer, conn, host)),
+                Err(HeadError::Nothing(e)) => {
+                    tracing::debug!(error = %e, backend = base, "pooled connection was closed");
+                }
+                Err(HeadError::Broken(e)) => return Err(SendError::Broken(e)),
+            }
+        }
+        let mut conn = self.connect(&host).await?;
+        match exchange(&mut conn, &head, &body).await {
+            Ok(answer) => Ok(Reply::new(answer, conn, host)),
+            Err(HeadError::Nothing(e) | HeadError::Broken(e)) => Err(SendError::Broken(e)),
+        }
+    }
+
+    /// The request's head, and its body too when that is small.
+    fn encode(
+        &self,
+        host: &Host,
+        path: &str,
+        headers: impl IntoIterator<Item = (header::HeaderName, HeaderValue)>,
+        body: &Bytes,
+    ) -> Vec<u8> {
+        let small = body.len() <= ONE_WRITE;
+        let mut head = Vec::with_capacity(256 + if small { body.len() } else { 0 });
+        head.extend_from_slice(b"POST ");
+        head.extend_from_slice(host.prefix.as_bytes());
+        head.extend_from_slice(path.as_bytes());
+        head.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+        head.extend_from_slice(host.authority.as_bytes());
+        head.extend_from_slice(b"\r\ncontent-type: application/json\r\n");
+        // Header values cannot hold line breaks (`HeaderValue` refuses them):
+        // nothing a client sends can add a line to this head.
+        let mut line = |name: &[u8], value: &[u8]| {
+            head.extend_from_slice(name);
+            head.extend_from_slice(b": ");
+            head.extend_from_slice(value);
+            head.extend_from_slice(b"\r\n");
+        };
+        line(slotgate_protocol::REPLICA_HEADER.as_bytes(), self.replica.as_bytes());
+        for (name, value) in headers {
+            line(name.as_str().as_bytes(), value.as_bytes());
+        }
+        // Writing into a Vec cannot fail.
+        let _ = write!(head, "content-length: {}\r\n\r\n", body.len());
+        if small {
+            head.extend_from_slice(body);
+        }
+        head
+    }
+
+    /// The pool entry of `base`, made on its first use.
+    fn host(&self, base: &str) -> Result<Arc<Host>, SendError> {
+        let mut hosts = lock(&self.hosts);
+        if let Some(host) = hosts.get(base) {
+            return Ok(host.clone());
+        }
+        let host = Arc::new(Host::parse(base, self.idle_timeout)?);
+        hosts.insert(base.to_owned(), host.clone());
+        Ok(host)
+    }
+
+    /// A new connection to `host`.
+    async fn connect(&self, host: &Host) -> Result<Conn, SendError> {
+        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(&host.addr))
+            .await
+            .map_err(|_| SendError::Connect(format!("{}: connect timed out", host.addr)))?
+            .map_err(|e| SendError::Connect(format!("{}: {e}", host.addr)))?;
+        // A request goes out at once, not after Nagle's delay.
+        let _ = stream.set_nodelay(true);
+        Ok(Conn { stream, buf: BytesMut::with_capacity(READ_SIZE) })
+    }
+}
+
+/// Sends a request on `conn` and reads its answer's head.
+async fn exchange(conn: &mut Conn, head: &[u8], body: &Bytes) -> Result<answer::Head, HeadError> {
+    let sent = async {
+        conn.stream.write_all(head).await?;
+        if body.len() > ONE_WRITE {
+            conn.stream.write_all(body).await?;
+        }
+        Ok::<_, std::io::Error>(())
+    };
+    // A connection that fails before any answer is a closed one, as with no byte read.
+    sent.await.map_err(|e| HeadError::Nothing(e.to_string()))?;
+    read_head(conn).await
+}
+
+impl Reply {
+    fn new(head: answer::Head, conn: Conn, host: Arc<Host>) -> Self {
+        Self { status: head.status, body: Body::new(&head, conn, host) }
+    }
+}
+
+impl Conn {
+    /// Reads what the socket has into the buffer; `Ok(0)` when it is closed.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
+        self.buf.reserve(READ_SIZE);
+        loop {
+            if let Err(e) = std::task::ready!(self.stream.poll_read_ready(cx)) {
+                return Poll::Ready(Err(e));
+            }
+            match self.stream.try_read_buf(&mut self.buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                result => return Poll::Ready(result),
+            }
+        }
+    }
+
+    /// Whether the backend has not closed the connection, as far as this thread
+    /// has seen: an idle connection has nothing to read.
+    fn is_open(&self) -> bool {
+        let mut probe = [0u8; 1];
+        matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    }
+}
+
+impl Host {
+    /// Reads `http://host[:port][/prefix]`. Backends speak plain HTTP, as before.
+    fn parse(base: &str, idle_timeout: Duration) -> Result<Self, SendError> {
+        let invalid = |why: &str| SendError::Uri(format!("{base}: {why}"));
+        let rest = base.strip_prefix("http://").ok_or_else(|| invalid("not an http:// URL"))?;
+        let (authority, prefix) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        let parsed: axum::http::uri::Authority =
+            authority.parse().map_err(|_| invalid("no valid host"))?;
+        if parsed.as_str().contains('@') {
+            return Err(invalid("credentials in the URL are not supported"));
+        }
+        let prefix = prefix.trim_end_matches('/');
+        // The prefix goes into the request line as it is: a path, nothing else.
+        if !prefix.is_empty()
+            && (prefix.parse::<axum::http::uri::PathAndQuery>().is_err()
+                || prefix.bytes().any(|b| b <= b' ' || b == 0x7f || b == b'?' || b == b'#'))
+        {
+            return Err(invalid("the path is not a plain URL path"));
+        }
+        let port = parsed.port_u16().unwrap_or(80);
+        // `[::1]` keeps its brackets: TcpStream::connect reads `[::1]:port`.
+        let addr = format!("{}:{port}", parsed.host());
+        let authority = HeaderValue::from_str(authority).map_err(|_| invalid("no valid host"))?;
+        Ok(Self {
+            addr,
+            authority,
+            prefix: prefix.to_owned(),
+            idle: Mutex::default(),
+            idle_timeout,
+        })
+    }
+
+    /// The most recently pooled connection that is still open and not too old.
+    fn take(&self) -> Option<Conn> {
+        let mut idle = lock(&self.idle);
+        while let Some((conn, since)) = idle.pop() {
+            let idle = since.elapsed();
+            if idle < self.idle_timeout && (idle < LOOK_AFTER || conn.is_open()) {
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    /// Pools `conn` again, and closes connections idle for too long.
+    fn put(&self, conn: Conn) {
+        let mut idle = lock(&self.idle);
+        let expired =
+            idle.iter().take_while(|(_, since)| since.elapsed() >= self.idle_timeout).count();
+        idle.drain(..expired);
+        if idle.len() < MAX_IDLE {
+            idle.push((conn, Instant::now()));
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Nothing is left half-done under these locks: a panic elsewhere cannot
+    // make their contents wrong.
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use http_body_util::BodyExt;
+    use tokio::io::AsyncReadExt;
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    const ANSWER: &[u8] =
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+
+    /// A backend that reads each request whole (by its `content-length`) and
+    /// answers it with `answer`, closing the connection after `per_connection`
+    /// answers; counts connections, and keeps the bodies it got.
+    async fn backend(
+        per_connection: usize,
+        answer: &'static [u8],
+    ) -> (String, Arc<AtomicUsize>, Arc<Mutex<Vec<Vec<u8>>>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let bodies = Arc::new(Mutex::new(Vec::new()));
+        let (count, got) = (accepted.clone(), bodies.clone());
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                let got = got.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = vec![0u8; 64 * 1024];
+                    let mut answered = 0;
+                    while answered < per_connection {
+                        let end = buf.windows(4).position(|w| w == b"\r\n\r\n");
+                        let length = end.map(|end| {
+                            let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+                            assert!(head.starts_with("post /v1/"), "{head}");
+                            let value =
+                                head.lines().find_map(|l| l.strip_prefix("content-length:"));
+                            (end + 4, value.unwrap().trim().parse::<usize>().unwrap())
+                        });
+                        match length {
+                            Some((start, n)) if buf.len() >= start + n => {
+                                got.lock().unwrap().push(buf[start..start + n].to_vec());
+                                buf.drain(..start + n);
+                                if socket.write_all(answer).await.is_err() {
+                                    return;
+                                }
+                                answered += 1;
+                            }
+                            _ => match socket.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            },
+                        }
+                    }
+                });
+            }
+        });
+        (base, accepted, bodies)
+    }
+
+    fn upstream() -> BackendClient {
+        BackendClient::new(&Routing::default(), HeaderValue::from_static("test"))
+    }
+
+    /// Posts `{}` and reads the answer whole.
+    async fn post(upstream: &BackendClient, base: &str) -> Result<Bytes, SendError> {
+        let reply = upstream.post(base, "/v1/completions", [], Bytes::from_static(b"{}")).await?;
+        assert_eq!(reply.status, 200);
+        Ok(reply.body.collect().await.unwrap().to_bytes())
+    }
+
+    /// A connection whose answer was read whole carries the next request.
+    #[tokio::test]
+    async fn a_connection_read_to_the_end_is_used_again() {
+        let (base, accepted, _) = backend(usize::MAX, ANSWER).await;
+        let upstream = upstream();
+        for _ in 0..5 {
+            assert_eq!(&post(&upstream, &base).await.unwrap()[..], b"{}");
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        // Not read to the end (an answer cut short): the next request opens another.
+        let reply = upstream.post(&base, "/v1/completions", [], Bytes::new()).await.unwrap();
+        drop(reply);
+        post(&upstream, &base).await.unwrap();
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    /// A pooled connection that the backend closed is replaced without an error,
+    /// whether the close was seen before the request went out or not.
+    #[tokio::test]
+    async fn a_connection_the_backend_closed_is_replaced() {
+        let (base, accepted, _) = backend(1, ANSWER).await;
+        let upstream = upstream();
+        for _ in 0..3 {
+            post(&upstream, &base).await.unwrap();
+            // Long enough for the close to be seen, and looked for, before reuse.
+            tokio::time::sleep(LOOK_AFTER + Duration::from_millis(50)).await;
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+        // At once: the request may go out on the closed connection, and is sent again.
+        for _ in 0..3 {
+            post(&upstream, &base).await.unwrap();
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 6);
+    }
+
+    /// Chunked answers are decoded, and their connections kept; a body larger
+    /// than one write arrives whole.
+    #[tokio::test]
+    async fn chunked_answers_and_large_bodies() {
+        const CHUNKED: &[u8] = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n\
+            6\r\ndata: \r\n4\r\nhi\n\n\r\n0\r\n\r\n";
+        let (base, accepted, bodies) = backend(usize::MAX, CHUNKED).await;
+        let upstream = upstream();
+        let large = Bytes::from(vec![b'x'; ONE_WRITE * 3 + 7]);
+        for body in [Bytes::from_static(b"{}"), large.clone()] {
+            let reply = upstream.post(&base, "/v1/completions", [], body).await.unwrap();
+            let text = reply.body.collect().await.unwrap().to_bytes();
+            assert_eq!(&text[..], b"data: hi\n\n");
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        assert_eq!(bodies.lock().unwrap()[1], large);
+    }
+
+    /// An answer that ends with the connection is read to the close, and the
+    /// connection not pooled.
+    #[tokio::test]
+    async fn an_answer_without_length_ends_with_its_connection() {
+        const UNSIZED: &[u8] = b"HTTP/1.1 200 OK\r\n\r\nall of it";
+        let (base, accepted, _) = backend(1, UNSIZED).await;
+        let upstream = upstream();
+        for _ in 0..2 {
+            assert_eq!(&post(&upstream, &base).await.unwrap()[..], b"all of it");
+            assert!(lock(&upstream.host(&base).unwrap().idle).is_empty(), "pooled");
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    /// Nobody listening is a connect failure, which the retry policy ejects for.
+    #[tokio::test]
+    async fn a_refused_connection_is_a_connect_failure() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        drop(listener);
+        assert!(matches!(post(&upstream(), &base).await, Err(SendError::Connect(_))));
+    }
+
+    #[test]
+    fn base_urls_are_read_once() {
+        let t = Duration::from_secs(1);
+        let host = Host::parse("http://127.0.0.1:8081", t).unwrap();
+        assert_eq!((host.addr.as_str(), host.prefix.as_str()), ("127.0.0.1:8081", ""));
+        let host = Host::parse("http://[::1]:9/api/", t).unwrap();
+        assert_eq!((host.addr.as_str(), host.prefix.as_str()), ("[::1]:9", "/api"));
+        assert_eq!(host.authority, "[::1]:9");
+        assert_eq!(Host::parse("http://engine", t).unwrap().addr, "engine:80");
+        for bad in
+            ["https://x:1", "x:1", "http://", "http://u:p@x:1", "http://x:1/a b", "http://x/p?q"]
+        {
+            assert!(Host::parse(bad, t).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! The gateway as a process: what starts and stops it, the threads that serve
+//! clients, and what they serve (the forwarded API, the admin API, `/ui`).
+
+pub mod admin;
+pub mod app;
+pub mod reload;
+pub mod routes;
+pub mod server;
+pub mod spread;
+pub mod ui;
+pub mod workers;
