@@ -25,6 +25,9 @@ pub enum Step {
     Stall(Duration),
     /// Stream `n` chunks, then send nothing more while the connection stays open.
     SilentMidStream(u32),
+    /// Answer and keep the connection alive, then close it 20 ms later
+    /// without a word: the gateway finds it closed only when it reuses it.
+    KeepAliveThenClose,
 }
 
 /// A running fake; stops when dropped.
@@ -197,6 +200,12 @@ async fn serve(mut socket: TcpStream, state: &State) -> std::io::Result<()> {
                         let _ = tokio::time::timeout(Duration::from_secs(60), socket.read(&mut rest)).await;
                     }
                     // Gone without the terminating chunk.
+                    return Ok(());
+                }
+                Some(Step::KeepAliveThenClose) => {
+                    let kept = answer(stream, model).replacen("connection: close\r\n", "", 1);
+                    socket.write_all(kept.as_bytes()).await?;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
                     return Ok(());
                 }
                 Some(Step::Stall(d)) => {

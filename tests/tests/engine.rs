@@ -741,3 +741,40 @@ async fn cont_batching_decides_whether_a_request_joins_while_a_prompt_is_read() 
         }
     }
 }
+
+/// Every answer of the generation endpoints is counted once, by status: the
+/// handler's, a body refused before the handler ran, and a model not served
+/// (with an empty model label: a client's made-up names never become labels).
+#[tokio::test]
+async fn every_answer_is_counted_once_in_the_metrics() {
+    let engine = engine(&["--n-parallel", "1", "--ctx-len", "256"]);
+    let client = client();
+    let url = |path: &str| format!("{}{path}", engine.url);
+    let raw = |path: &str, body: &'static str| {
+        client.post(url(path)).header("content-type", "application/json").body(body).send()
+    };
+    assert_eq!(raw("/v1/chat/completions", "{").await.unwrap().status(), 400);
+    assert_eq!(
+        raw("/v1/completions", r#"{"model":"nope","prompt":"x"}"#).await.unwrap().status(),
+        404
+    );
+    let completion = json!({"model": MODEL, "prompt": "Hi", "max_tokens": 2});
+    let (status, _) = post(&client, &url("/v1/completions"), &completion).await;
+    assert_eq!(status, 200);
+    let mut hot = completion.clone();
+    hot["temperature"] = json!(5);
+    assert_eq!(post(&client, &url("/completions"), &hot).await.0, 400);
+    let embed = json!({"model": MODEL, "input": "x"});
+    assert_eq!(post(&client, &url("/v1/embeddings"), &embed).await.0, 400, "not enabled");
+    let metrics = client.get(url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let counted = |model: &str, status: u16| {
+        let line =
+            format!("slotgate_engine_requests_total{{model=\"{model}\",status=\"{status}\"}} ");
+        metrics.lines().find_map(|l| l.strip_prefix(&line)).unwrap_or("0").to_owned()
+    };
+    assert_eq!(counted("", 400), "1", "the body refused before the handler\n{metrics}");
+    assert_eq!(counted("", 404), "1", "the model not served");
+    assert_eq!(counted(MODEL, 200), "1");
+    assert_eq!(counted(MODEL, 400), "2", "refusals of a served model's requests");
+    assert!(!metrics.contains("model=\"nope\""), "a client's name became a label");
+}

@@ -495,3 +495,26 @@ async fn a_vllm_backend_is_scheduled_by_the_load_in_its_metrics() {
     assert_eq!(status, 200, "{r}");
     assert_eq!(fake.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
+
+/// A kept-alive connection that the backend closed while it lay idle is sent
+/// again at once, on a new connection to the same backend: the client never
+/// knows, and the resend is an attempt that `slotgate_retries_total` counts.
+#[tokio::test]
+async fn a_stale_pooled_connection_is_sent_again_and_counted() {
+    let fake = Fake::start("fake", 1).await;
+    fake.push(&[Step::KeepAliveThenClose]);
+    let gw = gateway(&[&fake.url], &[]);
+    let client = client();
+    ready(&client, &gw, 1).await;
+    let url = format!("{}/v1/chat/completions", gw.url);
+    let body = json!({"model": "fake", "messages": [{"role": "user", "content": "hi"}]});
+    assert_eq!(post(&client, &url, &body).await.0, 200);
+    // Closed by now, and idle for too short a time to be looked at first.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (status, answer) = post(&client, &url, &body).await;
+    assert_eq!(status, 200, "{answer}");
+    let text = metrics(&client, &gw.url).await;
+    let stale = metric_sum_where(&text, "slotgate_retries_total", "reason=\"stale_connection\"");
+    assert_eq!(stale, 1.0, "{text}");
+    assert_eq!(fake.requests.load(std::sync::atomic::Ordering::SeqCst), 2);
+}

@@ -263,6 +263,13 @@ async fn a_reload_adds_a_backend_and_changes_a_limit_while_a_stream_runs() {
     assert_eq!(status, 403, "a client key never opens the admin API");
     let backends = get_as(&client, &format!("{}/admin/backends", gateway.url), ADMIN).await;
     assert_eq!(backends["backends"].as_array().unwrap().len(), 2, "the old configuration stays");
+    // A change a reload cannot apply is named in its answer; the rest applies.
+    config.write(&(write(&[&one.url, &two.url], 3) + "[routing]\nmax_attempts = 5\n"));
+    let (status, _, body) = post_as(&client, &reload, Some(ADMIN), &[], &json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["needs_restart"], json!(["routing.max_attempts"]), "{body}");
+    let keys = get_as(&client, &format!("{}/admin/keys", gateway.url), ADMIN).await;
+    assert_eq!(keys["keys"][0]["limits"]["requests_per_minute"], 3, "{keys}");
 }
 
 /// A stream its client abandons is still charged to its key: the tokens it was

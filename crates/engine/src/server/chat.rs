@@ -20,7 +20,7 @@ use slotgate_protocol::{
 
 use super::answer::{self, ChunkWriter, Shape, Streamed};
 use super::body::JsonBody;
-use super::generate::{count, fail, keepalive, now, resolve_model, run};
+use super::generate::{keepalive, now, resolve_model, run};
 use super::AppState;
 use crate::error::EngineError;
 use crate::scheduler::{GenParams, JobInput};
@@ -39,8 +39,8 @@ pub async fn chat(
 ) -> Result<Response, EngineError> {
     resolve_model(&state, &mut req.model)?;
     let model = req.model.clone();
-    req.validate().map_err(|e| fail(&model, e))?;
-    let mut plan = ToolPlan::read(&req).map_err(|e| fail(&model, e))?;
+    req.validate()?;
+    let mut plan = ToolPlan::read(&req)?;
     let mut params = GenParams::from_sampling(&req.sampling, req.max_tokens());
     params.logprobs = match (req.logprobs, req.sampling.n_probs) {
         (Some(true), _) => Some(req.top_logprobs.unwrap_or(0)),
@@ -51,8 +51,7 @@ pub async fn chat(
         req.sampling.grammar.as_deref(),
         req.sampling.json_schema.as_ref(),
         req.response_format.as_ref(),
-    )
-    .map_err(|e| fail(&model, e))?;
+    )?;
     // A Jinja template with a tool section is given the tools and the history as
     // they are; any other template gets the generic form.
     let native = state
@@ -73,7 +72,7 @@ pub async fn chat(
                 "tools",
                 "tools and a response format (or grammar) cannot both constrain one answer",
             );
-            return Err(fail(&model, err));
+            return Err(err.into());
         }
         match native {
             Some(format) => {
@@ -82,17 +81,14 @@ pub async fn chat(
                 // A call that may not happen is left free; one that must is
                 // constrained to the template's format.
                 if plan.required {
-                    params.grammar = plan
-                        .native_grammar()
-                        .and_then(|g| g.map(|g| crate::constrain::bounded(g, "tools")).transpose())
-                        .map_err(|e| fail(&model, e))?;
+                    params.grammar = plan.native_grammar().and_then(|g| {
+                        g.map(|g| crate::constrain::bounded(g, "tools")).transpose()
+                    })?;
                 }
             }
             None => {
-                let grammar = plan
-                    .generic_grammar()
-                    .and_then(|g| crate::constrain::bounded(g, "tools"))
-                    .map_err(|e| fail(&model, e))?;
+                let grammar =
+                    plan.generic_grammar().and_then(|g| crate::constrain::bounded(g, "tools"))?;
                 params.grammar = Some(grammar);
                 messages = plan.generic_messages(messages);
             }
@@ -106,7 +102,6 @@ pub async fn chat(
             .await?;
     let id = crate::ids::next("chatcmpl");
     let created = now();
-    count(&model, 200);
     if streamed {
         let held = Mutex::new(vec![Held::default(); shape.choices as usize]);
         let writer = ChatChunks { id, created, model, logprobs: with_logprobs, plan, held };

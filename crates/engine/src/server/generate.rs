@@ -18,7 +18,6 @@ use super::answer::{self, ChunkWriter, Shape, Streamed};
 use super::body::JsonBody;
 use super::AppState;
 use crate::error::EngineError;
-use crate::metrics as m;
 use crate::scheduler::{Event, GenParams, JobInput, Scheduler};
 
 /// OpenAI's default `max_tokens` for text completions.
@@ -26,17 +25,6 @@ const COMPLETION_DEFAULT_MAX_TOKENS: u32 = 16;
 
 pub(super) fn now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
-pub(super) fn count(model: &str, status: u16) {
-    metrics::counter!(m::REQUESTS, "model" => model.to_owned(), "status" => status.to_string())
-        .increment(1);
-}
-
-/// Counts a refused request of `model` and makes it the handler's error.
-pub(super) fn fail(model: &str, err: ApiError) -> EngineError {
-    count(model, err.status());
-    EngineError::Api(err)
 }
 
 /// Submits a job and waits for its first event, so that a refusal (a full queue,
@@ -54,9 +42,9 @@ pub(super) async fn run(
     let scheduler = &state.scheduler;
     let snapshot = scheduler.snapshot();
     let Some(served) = snapshot.models.iter().find(|m| m.id == model) else {
-        return Err(fail(model, ApiError::model_not_found(model)));
+        return Err(ApiError::model_not_found(model).into());
     };
-    check_choices(&input, &params, served.info.max_choices).map_err(|e| fail(model, e))?;
+    check_choices(&input, &params, served.info.max_choices).map_err(EngineError::Api)?;
     // Which gateway replica sent it: the slot state says so, for replicas to
     // tell their own requests from the others'.
     let replica = headers
@@ -74,17 +62,17 @@ pub(super) async fn run(
             (read, params)
         })
         .await
-        .map_err(|e| fail(model, e))?;
-    let read = read.map_err(|e| fail(model, e))?;
+        .map_err(EngineError::Api)?;
+    let read = read.map_err(EngineError::Api)?;
     let (job, mut rx) = Scheduler::job(model.to_owned(), read, params, replica);
-    scheduler.submit(job).map_err(|e| fail(model, e))?;
+    scheduler.submit(job).map_err(EngineError::Api)?;
     let keepalive = keepalive(state);
     let first = match keepalive.filter(|_| stream) {
         Some(wait) => match tokio::time::timeout(wait, answer::first_event(&mut rx)).await {
-            Ok(first) => Some(first.map_err(|e| fail(model, e))?),
+            Ok(first) => Some(first?),
             Err(_) => None,
         },
-        None => Some(answer::first_event(&mut rx).await.map_err(|e| fail(model, e))?),
+        None => Some(answer::first_event(&mut rx).await.map_err(EngineError::Api)?),
     };
     Ok((first, rx))
 }
@@ -129,6 +117,7 @@ pub(super) fn resolve_model(state: &AppState, model: &mut String) -> Result<(), 
     // An alias becomes the model's own name here, so everything after (and the
     // answer's `model`) sees one name.
     let id = state.scheduler.snapshot().pick(named)?.id.clone();
+    super::recorded::serving(&id);
     *model = id;
     Ok(())
 }
@@ -140,7 +129,7 @@ pub async fn completions(
     JsonBody(mut req): JsonBody<CompletionRequest>,
 ) -> Result<Response, EngineError> {
     resolve_model(&state, &mut req.model)?;
-    req.validate().map_err(|e| fail(&req.model, e))?;
+    req.validate().map_err(EngineError::Api)?;
     let max_tokens = req.max_tokens.unwrap_or(COMPLETION_DEFAULT_MAX_TOKENS);
     let mut params = GenParams::from_sampling(&req.sampling, Some(max_tokens));
     params.logprobs = req
@@ -154,7 +143,7 @@ pub async fn completions(
         req.sampling.json_schema.as_ref(),
         req.response_format.as_ref(),
     )
-    .map_err(|e| fail(&req.model, e))?;
+    .map_err(EngineError::Api)?;
     let items = req.prompt.items();
     let shape = Shape { choices: items.len() as u32 * params.n, n: params.n };
     let streamed = req.sampling.is_stream();
@@ -166,7 +155,6 @@ pub async fn completions(
         model: req.model.clone(),
         logprobs: with_logprobs,
     };
-    count(&req.model, 200);
     if streamed {
         let streamed =
             Streamed { keepalive: keepalive(&state), include_usage: req.sampling.include_usage() };
@@ -249,7 +237,7 @@ pub async fn embeddings(
     JsonBody(mut req): JsonBody<EmbeddingRequest>,
 ) -> Result<Response, EngineError> {
     resolve_model(&state, &mut req.model)?;
-    req.validate().map_err(|e| fail(&req.model, e))?;
+    req.validate().map_err(EngineError::Api)?;
     let inputs = match &req.input {
         EmbeddingInput::Text(s) => vec![PromptItem::Text(s.clone())],
         EmbeddingInput::Texts(v) => v.iter().cloned().map(PromptItem::Text).collect(),
@@ -258,8 +246,7 @@ pub async fn embeddings(
     };
     let format = req.encoding_format.unwrap_or_default();
     let vectors =
-        state.scheduler.embed(req.model.clone(), inputs).await.map_err(|e| fail(&req.model, e))?;
-    count(&req.model, 200);
+        state.scheduler.embed(req.model.clone(), inputs).await.map_err(EngineError::Api)?;
     let tokens: u32 = vectors.iter().map(|e| e.tokens).sum();
     Ok(Json(EmbeddingResponse {
         object: "list".into(),

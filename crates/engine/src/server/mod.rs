@@ -8,6 +8,7 @@ mod body;
 mod chat;
 mod events;
 mod generate;
+mod recorded;
 mod tokens;
 
 use std::future::Future;
@@ -47,15 +48,19 @@ pub struct AppState {
 /// The engine's routes.
 pub fn router(state: AppState) -> Router {
     let limit = state.config.server.max_body_bytes;
-    Router::new()
+    // Every answer of these is counted once (`recorded.rs`).
+    let generation = Router::new()
         .route("/v1/chat/completions", post(chat::chat))
         .route("/v1/completions", post(generate::completions))
         .route("/v1/embeddings", post(generate::embeddings))
-        .route("/v1/models", get(admin::models))
         // llama-server's aliases, which clients written for it send.
         .route("/chat/completions", post(chat::chat))
         .route("/completions", post(generate::completions))
         .route("/embeddings", post(generate::embeddings))
+        .route_layer(axum::middleware::from_fn(recorded::record));
+    Router::new()
+        .merge(generation)
+        .route("/v1/models", get(admin::models))
         .route("/models", get(admin::models))
         .route("/v1/models/load", post(admin::load))
         .route("/v1/models/unload", post(admin::unload))

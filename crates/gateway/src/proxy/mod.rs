@@ -257,6 +257,9 @@ impl Forwarder {
                 Err(failure) => Outcome::Failed(*failure),
             };
             let verdict = self.retry.judge(outcome);
+            if !self.retry.counts(&verdict) {
+                made -= 1;
+            }
             if !verdict.retryable {
                 if let Ok((status, answer)) = result {
                     let silence = self.timeouts.chunk;
@@ -355,6 +358,7 @@ impl Forwarder {
                 // out of rotation, as for a refused connection.
                 SendError::Connect(_) | SendError::Uri(_) => Failure::Connect,
                 SendError::Broken(_) => Failure::BeforeFirstByte,
+                SendError::Stale(_) => Failure::Stale,
             }
         })?;
         let status = reply.status;

@@ -26,16 +26,20 @@ pub enum Failure {
     BrokenBody,
     /// The backend sent nothing within `routing.first_byte_timeout_ms`.
     Silent,
+    /// A kept-alive connection that the backend had closed while it lay idle
+    /// answered nothing: the request never reached the backend's handler.
+    Stale,
 }
 
 impl Failure {
     /// Every kind, for counters that start at zero.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::SlotUnavailable,
         Self::Connect,
         Self::BeforeFirstByte,
         Self::BrokenBody,
         Self::Silent,
+        Self::Stale,
     ];
 
     /// Whether the backend was lost after the request was sent: it may have died
@@ -52,6 +56,7 @@ impl Failure {
             Self::BeforeFirstByte => "before_first_byte",
             Self::BrokenBody => "broken_body",
             Self::Silent => "silent",
+            Self::Stale => "stale_connection",
         }
     }
 }
@@ -139,19 +144,32 @@ impl RetryPolicy {
         let (exclude, eject) = match failure {
             Failure::SlotUnavailable => (true, false),
             Failure::Connect => (true, true),
-            // The client sends again by itself on a pooled connection that the
-            // backend had closed while idle, so a break that reaches here is the
-            // backend's doing: it is left out, and its health checks judge it.
+            // A break on a connection that was not stale is the backend's
+            // doing: it is left out, and its health checks judge it.
             Failure::BeforeFirstByte | Failure::BrokenBody | Failure::Silent => (true, false),
+            // The pool's own leftover, as pingora reads a failure on a reused
+            // connection: the same backend is fine for the next attempt.
+            Failure::Stale => (false, false),
         };
         Verdict { outcome, retryable: true, exclude, eject }
     }
 
+    /// Whether an attempt counts against `routing.max_attempts`: all do but a
+    /// stale connection's, which was the pool's and not the backend's.
+    pub fn counts(&self, verdict: &Verdict) -> bool {
+        verdict.outcome != Outcome::Failed(Failure::Stale)
+    }
+
     /// Whether attempt number `made + 1` happens, and after what pause. Takes a
     /// retry from the budget when it does.
+    /// A stale connection's attempt is sent again at once, outside the count
+    /// and the budget: each takes one dead connection out of the pool, so
+    /// there are no more of them than connections were kept.
     pub fn next(&self, verdict: &Verdict, made: u32) -> Next {
         if !verdict.retryable {
             Next::GiveUp(GiveUp::NotRetryable)
+        } else if verdict.outcome == Outcome::Failed(Failure::Stale) {
+            Next::RetryAfter(Duration::ZERO)
         } else if made >= self.max_attempts {
             Next::GiveUp(GiveUp::Attempts)
         } else if !self.budget.withdraw() {

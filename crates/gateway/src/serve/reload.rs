@@ -17,6 +17,57 @@ use crate::fleet::discovery::Discovery;
 use crate::fleet::pool::Pool;
 use crate::tenancy::limits::UsageBook;
 
+/// What a reload applies while requests run, by dotted key or whole section:
+/// the keys and limits, the admin key, CORS and aliases ([`Live`]), the fixed
+/// and discovered backends, and the pool's own routing settings
+/// (`Pool::set_routing`). Any other setting a reload changes is named as
+/// needing a restart; that list is derived from the settings themselves, so a
+/// new setting is never silently ignored.
+const APPLIED_LIVE: &[&str] = &[
+    "keys",
+    "auth.admin_key_env",
+    "auth.admin_loopback",
+    "cors",
+    "aliases",
+    "backends",
+    "routing.policy",
+    "routing.cache_load_factor",
+    "routing.queue_size",
+    "routing.queue_timeout_ms",
+];
+
+/// The settings that differ between `old` and `new` and that a reload does
+/// not apply, as dotted keys (`routing.max_attempts`); a list is one setting.
+fn needs_restart(old: &GatewayConfig, new: &GatewayConfig) -> Vec<String> {
+    let value = |c: &GatewayConfig| serde_json::to_value(c).unwrap_or(Value::Null);
+    let mut changed = Vec::new();
+    differences(&value(old), &value(new), "", &mut changed);
+    let live = |key: &str| {
+        APPLIED_LIVE
+            .iter()
+            .any(|l| key == *l || key.strip_prefix(l).is_some_and(|r| r.starts_with('.')))
+    };
+    changed.retain(|key| !live(key));
+    changed
+}
+
+/// Pushes onto `out` the dotted keys under `at` whose values differ.
+fn differences(old: &Value, new: &Value, at: &str, out: &mut Vec<String>) {
+    match (old, new) {
+        (Value::Object(a), Value::Object(b)) => {
+            let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            for key in keys {
+                let path = if at.is_empty() { key.clone() } else { format!("{at}.{key}") };
+                let (a, b) =
+                    (a.get(key).unwrap_or(&Value::Null), b.get(key).unwrap_or(&Value::Null));
+                differences(a, b, &path, out);
+            }
+        }
+        (a, b) if a != b => out.push(at.to_owned()),
+        _ => {}
+    }
+}
+
 /// Re-reads the configuration and applies it.
 #[derive(Clone)]
 pub struct Reload {
@@ -66,17 +117,7 @@ impl Reload {
         let new = GatewayConfig::load(source)?;
         let live = Live::build(&new, &inner.book)?;
         let mut old = inner.config.lock().unwrap_or_else(|e| e.into_inner());
-        let fixed = [
-            ("listen", old.listen != new.listen),
-            ("workers", old.workers != new.workers),
-            ("engines", old.engines != new.engines),
-            ("drain_timeout_ms", old.drain_timeout_ms != new.drain_timeout_ms),
-            ("max_body_bytes", old.max_body_bytes != new.max_body_bytes),
-            ("auth.redis_url", old.auth.redis_url != new.auth.redis_url),
-            ("discovery", old.discovery != new.discovery),
-        ];
-        let kept: Vec<&str> =
-            fixed.iter().filter(|(_, changed)| *changed).map(|(k, _)| *k).collect();
+        let kept = needs_restart(&old, &new);
         if !kept.is_empty() {
             tracing::warn!(settings = ?kept, "reload: these settings apply only at start; restart to change them");
         }
@@ -102,8 +143,43 @@ impl Reload {
         }
         tracing::info!(added, removed, keys = new.keys.len(), "configuration reloaded");
         *old = new;
-        Ok(
-            json!({"reloaded": true, "backends_added": added, "backends_removed": removed, "keys": old.keys.len()}),
-        )
+        Ok(json!({"reloaded": true, "backends_added": added, "backends_removed": removed,
+                   "keys": old.keys.len(), "needs_restart": kept}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every setting a reload changes is applied live or named: a change in
+    /// each section is sorted into one or the other.
+    #[test]
+    fn a_reload_names_every_change_it_does_not_apply() {
+        let old = GatewayConfig::default();
+        let mut new = old.clone();
+        new.routing.queue_size += 1;
+        new.routing.policy = crate::fleet::balancer::Policy::RoundRobin;
+        new.aliases.insert("alias".into(), "model".into());
+        new.cors.max_age_secs += 1;
+        new.auth.admin_loopback = !new.auth.admin_loopback;
+        assert_eq!(needs_restart(&old, &new), Vec::<String>::new(), "all applied live");
+        new.routing.max_attempts += 1;
+        new.routing.health_interval_ms += 1;
+        new.workers += 1;
+        new.max_body_bytes += 1;
+        new.auth.redis_url = Some("redis://127.0.0.1:1".into());
+        let mut named = needs_restart(&old, &new);
+        named.sort();
+        assert_eq!(
+            named,
+            [
+                "auth.redis_url",
+                "max_body_bytes",
+                "routing.health_interval_ms",
+                "routing.max_attempts",
+                "workers"
+            ]
+        );
     }
 }

@@ -39,6 +39,10 @@ pub enum SendError {
     /// The connection broke before the answer's head arrived.
     #[error("{0}")]
     Broken(String),
+    /// A kept-alive connection answered nothing at all: the backend had closed
+    /// it while it lay idle. The request never reached a handler.
+    #[error("stale pooled connection: {0}")]
+    Stale(String),
     /// The backend's URL and the path make no valid URI.
     #[error("invalid backend URI: {0}")]
     Uri(String),
@@ -121,17 +125,16 @@ impl BackendClient {
         let host = self.host(base)?;
         let head = self.encode(&host, path, headers, &body);
         // A pooled connection that the backend closed while it lay idle answers
-        // nothing at all: the request goes again on the next one, and at last on
-        // a new connection (as nginx does with its cached upstream connections).
-        // Idle connections seen closed are skipped before anything is sent.
-        while let Some(mut conn) = host.take() {
-            match exchange(&mut conn, &head, &body).await {
-                Ok(answer) => return Ok(Reply::new(answer, conn, host)),
-                Err(HeadError::Nothing(e)) => {
-                    tracing::debug!(error = %e, backend = base, "pooled connection was closed");
-                }
-                Err(HeadError::Broken(e)) => return Err(SendError::Broken(e)),
-            }
+        // nothing at all: that is `Stale`, which the retry policy sends again at
+        // once (as nginx does with its cached upstream connections), as an
+        // attempt that the metrics and the access log see. Idle connections
+        // seen closed are skipped before anything is sent.
+        if let Some(mut conn) = host.take() {
+            return match exchange(&mut conn, &head, &body).await {
+                Ok(answer) => Ok(Reply::new(answer, conn, host)),
+                Err(HeadError::Nothing(e)) => Err(SendError::Stale(e)),
+                Err(HeadError::Broken(e)) => Err(SendError::Broken(e)),
+            };
         }
         let mut conn = self.connect(&host).await?;
         match exchange(&mut conn, &head, &body).await {
@@ -394,8 +397,9 @@ mod tests {
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 
-    /// A pooled connection that the backend closed is replaced without an error,
-    /// whether the close was seen before the request went out or not.
+    /// A pooled connection that the backend closed is replaced without an error
+    /// when the close was seen before the request went out, and is a stale
+    /// connection (for the retry policy to send again) when it was not.
     #[tokio::test]
     async fn a_connection_the_backend_closed_is_replaced() {
         let (base, accepted, _) = backend(1, ANSWER).await;
@@ -406,9 +410,15 @@ mod tests {
             tokio::time::sleep(LOOK_AFTER + Duration::from_millis(50)).await;
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 3);
-        // At once: the request may go out on the closed connection, and is sent again.
+        // At once: the request may go out on the closed connection.
         for _ in 0..3 {
-            post(&upstream, &base).await.unwrap();
+            match post(&upstream, &base).await {
+                Ok(_) => {}
+                Err(SendError::Stale(_)) => {
+                    post(&upstream, &base).await.unwrap();
+                }
+                Err(other) => panic!("not a stale connection: {other}"),
+            }
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 6);
     }
