@@ -480,7 +480,12 @@ async fn a_vllm_backend_is_scheduled_by_the_load_in_its_metrics() {
         let (client, url) = (client.clone(), url.clone());
         tokio::spawn(async move { post(&client, &url, &chat("fake", "x", 4, false)).await })
     };
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // The request is seen waiting in the gateway's queue, not sent.
+    let queued = eventually(Duration::from_secs(5), || async {
+        metric_sum(&metrics(&client, &gw.url).await, "slotgate_queue_depth") == 1.0
+    })
+    .await;
+    assert!(queued, "{}", metrics(&client, &gw.url).await);
     assert_eq!(
         fake.requests.load(std::sync::atomic::Ordering::SeqCst),
         0,

@@ -108,14 +108,15 @@ mod tests {
     /// JSON: replicas of either version must send a conversation to the same
     /// backend, so the two must agree.
     fn built_key(model: &str, body: &Value) -> Option<u64> {
-        let cache_key = body.get("prompt_cache_key");
-        let keyed = matches!(cache_key, Some(Value::String(k)) if !k.is_empty());
-        let Some(Value::Array(messages)) = body.get("messages").filter(|_| !keyed) else {
-            // No chat: both read the same fields, built the same way.
-            let said = Said { prompt_cache_key: cache_key.cloned(), messages: None, prompt: None };
-            if let Some(key) = key(model, &said, &HeaderMap::new()) {
-                return Some(key);
+        if let Some(Value::String(k)) = body.get("prompt_cache_key") {
+            if !k.is_empty() {
+                // The client's own key, as earlier versions hashed it.
+                let mut h = Fnv::default();
+                h.write(model.as_bytes());
+                return Some(h.write(b"prompt_cache_key").write(k.as_bytes()).finish());
             }
+        }
+        let Some(Value::Array(messages)) = body.get("messages") else {
             // The prompt, as earlier versions hashed it from the built value.
             let mut h = Fnv::default();
             h.write(model.as_bytes());
@@ -178,6 +179,8 @@ mod tests {
             json!({"messages": null, "prompt": "p"}),
             json!({"messages": [], "prompt": "p"}),
             json!({"prompt_cache_key": "k", "messages": [1, 2]}),
+            json!({"prompt_cache_key": "", "prompt": "p"}),
+            json!({"prompt_cache_key": 5, "messages": [{"role": "user", "content": "u"}]}),
             json!({"prompt": ["abc", "def"]}),
             json!({"prompt": [1, 2, 3]}),
             json!({"prompt": null}),
