@@ -1,8 +1,9 @@
 //! Reading a request into tokens, off the scheduler thread: a job's messages or
-//! prompts rendered, tokenized and checked against a slot's context, and its
-//! grammar compiled once by llama.cpp to see that it parses. All of it is as
-//! large as the request is, so none of it may delay the decode loop: handlers run
-//! it on a blocking thread before the job is handed over, and the scheduler
+//! prompts rendered, tokenized and checked against a slot's context, its grammar
+//! compiled once by llama.cpp (each choice samples with a copy), and an
+//! embeddings job's inputs tokenized. All of it is as large as the request is,
+//! so none of it may delay the decode loop: handlers run it on a blocking thread
+//! (`Scheduler::off_loop`) before the job is handed over, and the scheduler
 //! thread only cuts the result into tasks.
 //!
 //! Only the model's vocabulary and templates are used here, which llama.cpp
