@@ -94,10 +94,7 @@ const DESCRIBED: &[(&str, Kind, &str)] = &[
 
 /// The process's Prometheus recorder, with every metric described.
 pub fn handle() -> PrometheusHandle {
-    let handle = slotgate_http::prometheus();
-    static DESCRIBE: std::sync::Once = std::sync::Once::new();
-    DESCRIBE.call_once(|| slotgate_http::describe(DESCRIBED));
-    handle
+    slotgate_http::recorder(DESCRIBED)
 }
 
 /// `/metrics` as rendered, less the vLLM-named series when they are not wanted:

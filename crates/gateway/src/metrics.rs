@@ -101,10 +101,7 @@ const DESCRIBED: &[(&str, Kind, &str)] = &[
 
 /// The process's Prometheus recorder, with every metric described.
 pub fn handle() -> PrometheusHandle {
-    let handle = slotgate_http::prometheus();
-    static DESCRIBE: std::sync::Once = std::sync::Once::new();
-    DESCRIBE.call_once(|| slotgate_http::describe(DESCRIBED));
-    handle
+    slotgate_http::recorder(DESCRIBED)
 }
 
 /// Handles of the metrics recorded on every request, looked up once per thread.

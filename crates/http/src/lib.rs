@@ -12,6 +12,16 @@ use axum::response::{IntoResponse, Response};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use slotgate_protocol::{ApiError, ErrorType};
 
+/// Marks `response` as a stream of server-sent events: its type, no caching,
+/// and no buffering by a proxy in front (nginx's `x-accel-buffering`), so each
+/// event reaches the client when it is sent.
+pub fn event_stream(response: &mut Response) {
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+}
+
 /// Seconds a client is told to wait before retrying a 503.
 pub const RETRY_AFTER_SECS: u32 = 1;
 
@@ -114,6 +124,14 @@ pub enum MetricKind {
     Gauge,
     /// Observations in buckets.
     Histogram,
+}
+
+/// The process's Prometheus recorder ([`prometheus`]), with every metric of
+/// `described` described: what each server's `handle()` gives its `/metrics`.
+pub fn recorder(described: &[(&'static str, MetricKind, &'static str)]) -> PrometheusHandle {
+    let handle = prometheus();
+    describe(described);
+    handle
 }
 
 /// Gives each metric in `described` its help text, shown by `/metrics` as

@@ -5,7 +5,7 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures::stream::{self, Stream, StreamExt};
@@ -260,9 +260,6 @@ where
     S: Stream<Item = Result<Bytes, Infallible>> + Send + 'static,
 {
     let mut response = (StatusCode::OK, Body::from_stream(body)).into_response();
-    let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    slotgate_http::event_stream(&mut response);
     response
 }

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{header, HeaderValue};
 use axum::response::Response;
 use slotgate_protocol::{ModelSlots, SlotState};
 
@@ -141,8 +140,6 @@ pub async fn slot_events(
     });
     let mut response =
         Response::new(Body::from_stream(futures::StreamExt::map(events, Ok::<_, Infallible>)));
-    let h = response.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    slotgate_http::event_stream(&mut response);
     response
 }

@@ -42,6 +42,14 @@ fn one() -> u32 {
     1
 }
 
+impl BackendConfig {
+    /// The backend at `url`, everything else as a configuration that names
+    /// only its URL has it.
+    pub fn at(url: impl Into<String>) -> Self {
+        Self { url: url.into(), models: None, slots: None, weight: one(), api_key_env: None }
+    }
+}
+
 /// A `slotgate-engine` process the gateway starts and supervises.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -325,13 +333,7 @@ impl GatewayConfig {
         }
         let mut config: Self =
             figment.extract().map_err(|e| GatewayError::Config(e.to_string()))?;
-        config.backends.extend(cli.backends.iter().map(|url| BackendConfig {
-            url: url.clone(),
-            models: None,
-            slots: None,
-            weight: 1,
-            api_key_env: None,
-        }));
+        config.backends.extend(cli.backends.iter().map(BackendConfig::at));
         config.validate()?;
         Ok(config)
     }

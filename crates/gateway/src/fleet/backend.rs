@@ -305,16 +305,7 @@ mod tests {
     use super::*;
 
     fn backend(slots: u32) -> Backend {
-        Backend::new(
-            0,
-            &BackendConfig {
-                url: "http://x".into(),
-                models: None,
-                slots: Some(slots),
-                weight: 1,
-                api_key_env: None,
-            },
-        )
+        Backend::new(0, &BackendConfig { slots: Some(slots), ..BackendConfig::at("http://x") })
     }
 
     #[test]

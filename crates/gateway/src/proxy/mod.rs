@@ -457,9 +457,7 @@ impl Answer {
                 let relay = Relay::new(first, upstream, claim, record, strip, silence);
                 let mut response = Response::new(Body::new(relay));
                 *response.status_mut() = status;
-                let h = response.headers_mut();
-                h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-                h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+                slotgate_http::event_stream(&mut response);
                 response
             }
         }

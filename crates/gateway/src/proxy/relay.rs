@@ -286,11 +286,9 @@ mod tests {
                 ..Routing::default()
             };
         let backends = vec![BackendConfig {
-            url: backend,
             models: Some(vec!["m".into()]),
             slots: Some(1),
-            weight: 1,
-            api_key_env: None,
+            ..BackendConfig::at(backend)
         }];
         let config = GatewayConfig { workers: 1, backends, routing, ..GatewayConfig::default() };
         let gateway = Gateway::serve(listener, config, std::future::pending()).await.unwrap();

@@ -95,13 +95,7 @@ impl Gateway {
                 let name = spec.model.file_name().and_then(|n| n.to_str()).unwrap_or("model");
                 name.strip_suffix(".gguf").unwrap_or(name).to_owned()
             });
-            let seed = BackendConfig {
-                url: String::new(),
-                models: None,
-                slots: Some(spec.n_parallel),
-                weight: 1,
-                api_key_env: None,
-            };
+            let seed = BackendConfig { slots: Some(spec.n_parallel), ..BackendConfig::at("") };
             let admin_key = crate::fleet::supervisor::new_admin_key();
             let mut backend = Backend::new(backends.len(), &seed);
             backend.api_key =

@@ -388,11 +388,9 @@ mod tests {
                 .enumerate()
                 .map(|(i, m)| {
                     let config = BackendConfig {
-                        url: format!("http://x{i}"),
                         models: Some(m.iter().map(|s| s.to_string()).collect()),
                         slots: Some(1),
-                        weight: 1,
-                        api_key_env: None,
+                        ..BackendConfig::at(format!("http://x{i}"))
                     };
                     Arc::new(Backend::new(i, &config))
                 })
@@ -407,11 +405,9 @@ mod tests {
 
     fn pool(slots: u32, queue_size: u32, timeout_ms: u64) -> Arc<Pool> {
         let config = BackendConfig {
-            url: "http://x".into(),
             models: Some(vec!["m".into()]),
             slots: Some(slots),
-            weight: 1,
-            api_key_env: None,
+            ..BackendConfig::at("http://x")
         };
         let backend = Arc::new(Backend::new(0, &config));
         backend.check_passed(1);
@@ -424,11 +420,9 @@ mod tests {
         (0..2)
             .map(|i| {
                 let config = BackendConfig {
-                    url: format!("http://127.0.0.1:{}", 9000 + i),
                     models: Some(vec!["m".into()]),
                     slots: Some(1),
-                    weight: 1,
-                    api_key_env: None,
+                    ..BackendConfig::at(format!("http://127.0.0.1:{}", 9000 + i))
                 };
                 let backend = Arc::new(Backend::new(i, &config));
                 backend.check_passed(1);

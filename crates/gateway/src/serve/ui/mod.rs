@@ -108,9 +108,9 @@ async fn events(State(app): AppState, from: Peer, headers: HeaderMap) -> Respons
         let event = format!("data: {}\n\n", snapshot(&pool).await);
         Some((Ok::<_, Infallible>(axum::body::Bytes::from(event)), (pool, false)))
     });
-    let headers =
-        [(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")];
-    (headers, axum::body::Body::from_stream(stream)).into_response()
+    let mut response = axum::body::Body::from_stream(stream).into_response();
+    slotgate_http::event_stream(&mut response);
+    response
 }
 
 /// A client for the backends' `/slots`, made once.
