@@ -12,7 +12,7 @@
 //! scheduler thread (see `worker.rs`).
 
 use std::sync::mpsc::Sender;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use llama_cpp_2::model::LlamaModel;
 
@@ -41,18 +41,32 @@ pub(crate) struct Draw {
     pub keep: Arc<LlamaModel>,
 }
 
+impl Draw {
+    /// Makes the draw.
+    fn run(self) -> Drew {
+        let Draw { model, task, mut sampler, logits, keep } = self;
+        let drawn = sampler.draw_from(&logits);
+        Drew { model, task, sampler, drawn, keep }
+    }
+}
+
 /// Draws `draw` on a thread of its own and sends the result to `back`. At most
 /// one draw per slot is ever in flight, so there are at most as many of these
-/// threads as slots.
+/// threads as slots. When no thread can be started, the draw is made here
+/// rather than lost: a choice left waiting for it would never end.
 pub(crate) fn draw_aside(draw: Draw, back: &Sender<Drew>) {
-    let back = back.clone();
+    let held = Arc::new(Mutex::new(Some(draw)));
+    let (theirs, their_back) = (held.clone(), back.clone());
+    let take = |held: &Mutex<Option<Draw>>| held.lock().unwrap_or_else(|e| e.into_inner()).take();
     let spawned = std::thread::Builder::new().name("slotgate-draw".into()).spawn(move || {
-        let Draw { model, task, mut sampler, logits, keep } = draw;
-        let drawn = sampler.draw_from(&logits);
-        let _ = back.send(Drew { model, task, sampler, drawn, keep });
+        if let Some(draw) = take(&theirs) {
+            let _ = their_back.send(draw.run());
+        }
     });
     if let Err(err) = spawned {
-        // The draw (and its choice) is lost; the slot is reaped as its task ends.
-        tracing::error!(error = %err, "cannot start a draw thread");
+        tracing::warn!(error = %err, "cannot start a draw thread: drawn on the scheduler thread");
+        if let Some(draw) = take(&held) {
+            let _ = back.send(draw.run());
+        }
     }
 }

@@ -85,11 +85,15 @@ impl Worker {
         loop {
             let busy = self.models.iter().any(ModelRuntime::is_busy);
             if !busy {
-                self.publish();
                 // Nothing to decode: sleep until a command arrives, or while a
-                // draw is made beside the loop, a millisecond at most.
+                // draw is made beside the loop, a millisecond at most. The state
+                // is shown first; a wait for a draw follows a step, which showed it.
+                let drawing = self.models.iter().any(ModelRuntime::is_drawing);
+                if !drawing {
+                    self.publish();
+                }
                 self.heart.rest(true);
-                let cmd = if self.models.iter().any(ModelRuntime::is_drawing) {
+                let cmd = if drawing {
                     match self.commands.recv_timeout(Duration::from_millis(1)) {
                         Ok(cmd) => Ok(Some(cmd)),
                         Err(RecvTimeoutError::Timeout) => Ok(None),
