@@ -170,6 +170,16 @@ async fn serve(mut socket: TcpStream, state: &State) -> std::io::Result<()> {
                 r#"{{"object":"list","data":[{{"id":"{model}","object":"model","created":0,"owned_by":"fake"}}]}}"#
             ),
         ),
+        // llama-server's properties, echoing the query; `Stall` delays it too.
+        p if p.starts_with("/props") => {
+            state.requests.fetch_add(1, Ordering::SeqCst);
+            let step = state.script.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
+            if let Some(Step::Stall(pause)) = step {
+                tokio::time::sleep(pause).await;
+            }
+            let query = p.split_once('?').map_or("", |(_, q)| q);
+            reply("200 OK", "application/json", &format!(r#"{{"model_alias":"{model}","query":"{query}"}}"#))
+        }
         // What llama.cpp's server and vLLM answer for anything else, such as
         // slotgate's own `/slots/events`.
         p if !p.starts_with("/v1/") => reply("404 Not Found", "text/plain", "not found"),

@@ -319,6 +319,25 @@ async fn refusals_and_resets_before_the_first_byte_are_retried_invisibly() {
     assert_eq!(sample(&m, "slotgate_retries_total{reason=\"before_first_byte\"}"), 1.0, "{m}");
 }
 
+/// `/props` is read through the gateway's one backend client: its query
+/// escaped, its whole answer due within `routing.first_byte_timeout_ms`.
+#[tokio::test]
+async fn props_are_read_within_the_first_byte_timeout() {
+    let fake = Fake::start("a b/c", 1).await;
+    fake.push(&[Step::Stall(Duration::from_secs(5))]);
+    let gw = gateway(&[&fake.url], &[("SLOTGATE_ROUTING__FIRST_BYTE_TIMEOUT_MS", "300")]);
+    let client = client();
+    ready(&client, &gw, 1).await;
+    let started = std::time::Instant::now();
+    let (status, r) = get(&client, &format!("{}/props", gw.url)).await;
+    assert_eq!(status, 503, "{r}");
+    assert_eq!(r["error"]["type"], "unavailable_error", "{r}");
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    let (status, r) = get(&client, &format!("{}/props", gw.url)).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["query"], "model=a%20b%2Fc", "{r}");
+}
+
 #[tokio::test]
 async fn a_backend_dying_mid_stream_ends_the_stream_with_an_error_event() {
     let fake = Fake::start("fake", 1).await;

@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 
 use crate::config::BackendConfig;
 
@@ -16,16 +16,16 @@ use crate::config::BackendConfig;
 pub struct Backend {
     /// Its position in the gateway's list; stable.
     pub index: usize,
-    /// Base URL; empty until a supervised engine has printed its address.
-    url: ArcSwap<String>,
-    /// The configured URL; `None` for a supervised engine.
-    pub fixed_url: Option<String>,
+    /// Where it comes from: configured, or an engine this gateway started.
+    pub origin: Origin,
+    /// Base URL; `None` until a supervised engine has printed its address.
+    address: ArcSwapOption<String>,
     /// Relative share of traffic among equals.
     pub weight: u32,
     /// `Bearer` and its own API key, sent instead of any client's key.
     pub api_key: Option<axum::http::HeaderValue>,
-    /// Stable identity for rendezvous hashing: from its configured URL, or from
-    /// its place among the supervised engines (whose port changes on restart).
+    /// Stable identity for rendezvous hashing: from its origin, not from the
+    /// address of a supervised engine (whose port changes on restart).
     pub id: u64,
     /// Models it serves: configured, or discovered from `/v1/models`.
     models: ArcSwap<Vec<String>>,
@@ -64,31 +64,69 @@ pub struct Backend {
     failures: AtomicU32,
 }
 
+/// Where a backend comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// A `[[backends]]` entry, one added by the admin API or discovered: its
+    /// base URL, without a trailing `/`.
+    Configured(String),
+    /// The engine of `[[engines]]` entry `place`, started by this gateway; its
+    /// address is known once it has started, and changes when it restarts.
+    Supervised(usize),
+}
+
+impl Origin {
+    /// What names it where it has no address: its URL, or `engine-<place>`.
+    fn label(&self) -> String {
+        match self {
+            Self::Configured(url) => url.clone(),
+            Self::Supervised(place) => format!("engine-{place}"),
+        }
+    }
+}
+
 impl Backend {
     /// A backend from its configuration. Unhealthy until it passes a check.
     pub fn new(index: usize, config: &BackendConfig) -> Self {
+        let url = config.url.trim_end_matches('/').to_owned();
+        let origin = Origin::Configured(url.clone());
+        let mut backend =
+            Self::of(index, origin, config.weight, config.models.clone(), config.slots);
+        backend.address = ArcSwapOption::from_pointee(url);
+        backend.api_key = config.api_key_env.as_ref().and_then(|var| {
+            let key = std::env::var(var).ok()?;
+            axum::http::HeaderValue::from_str(&format!("Bearer {key}")).ok()
+        });
+        backend
+    }
+
+    /// The engine of `[[engines]]` entry `place`, with `slots` slots and the
+    /// admin key it is started with; it has no address until it has started.
+    pub fn supervised(index: usize, place: usize, slots: u32, admin_key: &str) -> Self {
+        // Its models are set as it starts; its slots are those it is started with.
+        let mut backend = Self::of(index, Origin::Supervised(place), 1, None, Some(slots));
+        backend.api_key = axum::http::HeaderValue::from_str(&format!("Bearer {admin_key}")).ok();
+        backend
+    }
+
+    fn of(
+        index: usize,
+        origin: Origin,
+        weight: u32,
+        models: Option<Vec<String>>,
+        slots: Option<u32>,
+    ) -> Self {
         Self {
             index,
-            url: ArcSwap::from_pointee(config.url.trim_end_matches('/').to_owned()),
-            fixed_url: (!config.url.is_empty())
-                .then(|| config.url.trim_end_matches('/').to_owned()),
-            weight: config.weight,
-            api_key: config.api_key_env.as_ref().and_then(|var| {
-                let key = std::env::var(var).ok()?;
-                axum::http::HeaderValue::from_str(&format!("Bearer {key}")).ok()
-            }),
-            id: crate::fleet::hash::backend_id(
-                if config.url.is_empty() {
-                    format!("engine-{index}")
-                } else {
-                    config.url.trim_end_matches('/').to_owned()
-                }
-                .as_str(),
-            ),
-            models: ArcSwap::from_pointee(config.models.clone().unwrap_or_default()),
-            fixed_models: config.models.is_some(),
-            slots: AtomicU32::new(config.slots.unwrap_or(0)),
-            fixed_slots: config.slots.is_some(),
+            id: crate::fleet::hash::backend_id(&origin.label()),
+            origin,
+            address: ArcSwapOption::empty(),
+            weight,
+            api_key: None,
+            fixed_models: models.is_some(),
+            models: ArcSwap::from_pointee(models.unwrap_or_default()),
+            fixed_slots: slots.is_some(),
+            slots: AtomicU32::new(slots.unwrap_or(0)),
             in_flight: AtomicU32::new(0),
             hold_us: AtomicU64::new(0),
             foreign_busy: AtomicU32::new(0),
@@ -105,14 +143,21 @@ impl Backend {
         }
     }
 
-    /// Base URL.
-    pub fn url(&self) -> Arc<String> {
-        self.url.load_full()
+    /// Base URL, where it can be reached now; `None` while a supervised engine
+    /// has not started.
+    pub fn address(&self) -> Option<Arc<String>> {
+        self.address.load_full()
     }
 
-    /// Sets the base URL (a restarted engine listens on a new port).
-    pub fn set_url(&self, url: String) {
-        self.url.store(Arc::new(url));
+    /// Its name in logs, metrics and the operator's view: its base URL, or
+    /// `engine-<place>` while a supervised engine has none.
+    pub fn url(&self) -> Arc<String> {
+        self.address().unwrap_or_else(|| Arc::new(self.origin.label()))
+    }
+
+    /// Sets the address of a supervised engine (a restarted one listens on a new port).
+    pub fn set_address(&self, url: String) {
+        self.address.store(Some(Arc::new(url)));
     }
 
     /// Models it serves.
@@ -145,9 +190,17 @@ impl Backend {
         self.draining.load(Ordering::Acquire)
     }
 
-    /// Whether it is an engine this gateway started (its URL is not configured).
+    /// Whether it is an engine this gateway started.
     pub fn is_supervised(&self) -> bool {
-        self.fixed_url.is_none()
+        matches!(self.origin, Origin::Supervised(_))
+    }
+
+    /// Its configured URL, if it has one.
+    pub fn configured_url(&self) -> Option<&str> {
+        match &self.origin {
+            Origin::Configured(url) => Some(url),
+            Origin::Supervised(_) => None,
+        }
     }
 
     /// Slots it has.

@@ -13,12 +13,17 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Routing;
 use crate::fleet::backend::Backend;
 use crate::fleet::pool::Pool;
+use crate::proxy::upstream::{BackendClient, FetchError};
+
+/// The most of a backend's `/slots`, `/metrics` or `/v1/models` read at once:
+/// far above what any engine lists, so that a broken one cannot fill memory.
+pub const READ_LIMIT: usize = 8 << 20;
 
 /// Checks every backend until `stop` is cancelled, and has a task follow the
 /// slot events of each (see [`crate::fleet::slot_events`]) when `routing.slot_events`.
 pub async fn run(
     pool: Arc<Pool>,
-    client: reqwest::Client,
+    client: Arc<BackendClient>,
     routing: Routing,
     replica: Arc<str>,
     stop: CancellationToken,
@@ -48,21 +53,11 @@ pub async fn run(
     }
 }
 
-async fn check(
-    pool: &Arc<Pool>,
-    client: &reqwest::Client,
-    routing: &Routing,
-    backend: Arc<Backend>,
-) {
-    let url = backend.url();
-    if url.is_empty() {
-        return;
-    }
-    let timeout = Duration::from_millis(routing.health_interval_ms.max(500));
-    let ok = match client.get(format!("{url}/health")).timeout(timeout).send().await {
-        Ok(r) => r.status().is_success(),
-        Err(_) => false,
-    };
+async fn check(pool: &Arc<Pool>, client: &BackendClient, routing: &Routing, backend: Arc<Backend>) {
+    // A supervised engine that has not started yet has nothing to check.
+    let Some(url) = backend.address() else { return };
+    let timeout = crate::proxy::Timeouts::of(routing).read;
+    let ok = matches!(read(client, &backend, &url, "/health", timeout).await, Ok((s, _)) if s.is_success());
     if !ok {
         if backend.check_failed(routing.unhealthy_threshold) {
             tracing::warn!(backend = %url, "ejected: failing health checks");
@@ -70,9 +65,11 @@ async fn check(
         return;
     }
     if !backend.fixed_models {
-        if let Ok(r) = client.get(format!("{url}/v1/models")).timeout(timeout).send().await {
-            if let Ok(list) = r.json::<ModelList>().await {
-                backend.set_models(list.data.into_iter().map(|m| m.id).collect());
+        if let Ok((status, body)) = read(client, &backend, &url, "/v1/models", timeout).await {
+            if let Ok(list) = serde_json::from_slice::<ModelList>(&body) {
+                if status.is_success() {
+                    backend.set_models(list.data.into_iter().map(|m| m.id).collect());
+                }
             }
         }
     }
@@ -94,34 +91,39 @@ async fn check(
 /// Its slots and how many are busy: from `/slots` (slotgate, llama.cpp's server),
 /// or else from the load in its `/metrics` (vLLM) over its configured slot count.
 async fn slot_state(
-    client: &reqwest::Client,
+    client: &BackendClient,
     backend: &Backend,
     url: &str,
     timeout: Duration,
 ) -> Option<(u32, u32)> {
-    let mut slots = client.get(format!("{url}/slots")).timeout(timeout);
-    if let Some(key) = &backend.api_key {
-        // The engine's own key: what each slot holds is shown only with it.
-        slots = slots.header(axum::http::header::AUTHORIZATION, key.clone());
-    }
-    let r = slots.send().await.ok()?;
-    if r.status().is_success() {
-        if let Ok(slots) = r.json::<Vec<SlotStatus>>().await {
-            let counts = SlotCounts::of(&slots, None);
-            return Some((counts.total, counts.busy));
+    if let Ok((status, body)) = read(client, backend, url, "/slots", timeout).await {
+        if status.is_success() {
+            if let Ok(slots) = serde_json::from_slice::<Vec<SlotStatus>>(&body) {
+                let counts = SlotCounts::of(&slots, None);
+                return Some((counts.total, counts.busy));
+            }
         }
     }
-    let mut metrics = client.get(format!("{url}/metrics")).timeout(timeout);
-    if let Some(key) = &backend.api_key {
-        metrics = metrics.header(axum::http::header::AUTHORIZATION, key.clone());
-    }
-    let r = metrics.send().await.ok()?;
-    if !r.status().is_success() {
+    let (status, body) = read(client, backend, url, "/metrics", timeout).await.ok()?;
+    if !status.is_success() {
         return None;
     }
-    let load = crate::fleet::load_metrics::Load::parse(&r.text().await.ok()?)?;
+    let load = crate::fleet::load_metrics::Load::parse(std::str::from_utf8(&body).ok()?)?;
     // Its capacity is what `slots` says (vLLM's `max_num_seqs`); unset, one.
     Some((backend.slots().max(1), load.busy()))
+}
+
+/// GETs `path` of `backend` at `url` whole, with the engine's own key where it
+/// has one (what each slot holds is shown only with it).
+pub async fn read(
+    client: &BackendClient,
+    backend: &Backend,
+    url: &str,
+    path: &str,
+    timeout: Duration,
+) -> Result<(axum::http::StatusCode, axum::body::Bytes), FetchError> {
+    let key = backend.api_key.clone().map(|key| (axum::http::header::AUTHORIZATION, key));
+    client.fetch(url, path, key, timeout, READ_LIMIT).await
 }
 
 /// A passing check: admitted after enough of them; waiting requests look again.

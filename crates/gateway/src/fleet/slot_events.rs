@@ -23,12 +23,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use http_body_util::BodyExt as _;
 use slotgate_protocol::{SlotState, SseDecoder};
 use tokio_util::sync::CancellationToken;
 
 use crate::fleet::backend::Backend;
 use crate::fleet::pool::Pool;
+use crate::proxy::upstream::BackendClient;
 
 /// How long to wait before asking a backend without the stream again.
 const NOT_OFFERED_RETRY: Duration = Duration::from_secs(30);
@@ -57,16 +58,13 @@ enum Ended {
 pub async fn follow(
     pool: Arc<Pool>,
     backend: Arc<Backend>,
-    client: reqwest::Client,
+    client: Arc<BackendClient>,
     replica: Arc<str>,
     stop: CancellationToken,
 ) {
     let mut backoff = Duration::from_millis(100);
     while !stop.is_cancelled() && pool.find(backend.index).is_some() {
-        let url = backend.url();
-        let pause = if url.is_empty() {
-            Duration::from_millis(100)
-        } else {
+        let pause = if let Some(url) = backend.address() {
             let ended = subscribe(&pool, &backend, &client, &url, &replica, &stop).await;
             backend.set_pushed(false);
             match ended {
@@ -77,6 +75,9 @@ pub async fn follow(
                     backoff
                 }
             }
+        } else {
+            // A supervised engine still starting.
+            Duration::from_millis(100)
         };
         tokio::select! {
             () = stop.cancelled() => break,
@@ -89,31 +90,27 @@ pub async fn follow(
 async fn subscribe(
     pool: &Arc<Pool>,
     backend: &Arc<Backend>,
-    client: &reqwest::Client,
+    client: &BackendClient,
     url: &str,
     replica: &str,
     stop: &CancellationToken,
 ) -> Ended {
-    let mut request = client
-        .get(format!("{url}/slots/events"))
-        .header(slotgate_protocol::REPLICA_HEADER, replica);
-    if let Some(key) = &backend.api_key {
-        request = request.header(axum::http::header::AUTHORIZATION, key.clone());
-    }
-    let response = match request.send().await {
-        Ok(r) if r.status().is_success() => r,
-        Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => return Ended::NotOffered,
+    // The client names this replica in every request (`x-slotgate-replica`).
+    let key = backend.api_key.clone().map(|key| (axum::http::header::AUTHORIZATION, key));
+    let mut body = match client.get(url, "/slots/events", key).await {
+        Ok(r) if r.status.is_success() => r.body,
+        Ok(r) if r.status == axum::http::StatusCode::NOT_FOUND => return Ended::NotOffered,
         _ => return Ended::Failed,
     };
     tracing::debug!(backend = %url, "following its slot events");
     let mut decoder = SseDecoder::new();
-    let mut body = response.bytes_stream();
     loop {
-        let chunk = tokio::select! {
+        let frame = tokio::select! {
             () = stop.cancelled() => return Ended::Closed,
-            chunk = body.next() => chunk,
+            frame = body.frame() => frame,
         };
-        let Some(Ok(chunk)) = chunk else { return Ended::Closed };
+        let Some(Ok(frame)) = frame else { return Ended::Closed };
+        let Ok(chunk) = frame.into_data() else { continue };
         for event in decoder.push(&chunk) {
             if let Ok(state) = serde_json::from_str::<SlotState>(&event.data) {
                 apply(pool, backend, &state, replica);

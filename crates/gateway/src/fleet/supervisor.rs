@@ -91,7 +91,7 @@ pub async fn supervise(
         match started {
             Ok((mut child, url)) => {
                 tracing::info!(engine = %spec.model.display(), %url, "engine started");
-                backend.set_url(url);
+                backend.set_address(url);
                 let ran = tokio::time::Instant::now();
                 tokio::select! {
                     () = stop.cancelled() => {

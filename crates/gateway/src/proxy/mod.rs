@@ -74,6 +74,9 @@ pub struct Timeouts {
     pub first_byte: Duration,
     /// Between two chunks of a stream.
     pub chunk: Duration,
+    /// For the whole answer to one of the gateway's own reads of a backend
+    /// (health, slots, models): the health check's interval, at least 500 ms.
+    pub read: Duration,
 }
 
 impl Timeouts {
@@ -82,6 +85,7 @@ impl Timeouts {
         Self {
             first_byte: Duration::from_millis(routing.first_byte_timeout_ms),
             chunk: Duration::from_millis(routing.chunk_timeout_ms),
+            read: Duration::from_millis(routing.health_interval_ms.max(500)),
         }
     }
 }
@@ -120,6 +124,16 @@ impl Forwarder {
     /// The backends and their queues.
     pub fn pool(&self) -> &Arc<Pool> {
         &self.pool
+    }
+
+    /// The client that reaches the backends, from this worker thread.
+    pub fn client(&self) -> &BackendClient {
+        &self.upstream
+    }
+
+    /// How long a backend may be silent.
+    pub fn timeouts(&self) -> Timeouts {
+        self.timeouts
     }
 
     /// Forwards `body` to `path` of a backend serving its model. Every answer,
@@ -343,7 +357,8 @@ impl Forwarder {
         if let Some(key) = key {
             extra.push((header::AUTHORIZATION, key.clone()));
         }
-        let url = backend.url();
+        // A supervised engine between restarts has no address: as if refused.
+        let url = backend.address().ok_or(Failure::Connect)?;
         let deadline = tokio::time::Instant::now() + self.timeouts.first_byte;
         let silent = || {
             tracing::warn!(backend = %backend.url(), "no answer within routing.first_byte_timeout_ms");

@@ -135,7 +135,7 @@ impl Reload {
             let url = gone.url.trim_end_matches('/');
             let backends = inner.pool.backends();
             let found =
-                backends.iter().find(|b| b.fixed_url.as_deref() == Some(url) && !b.is_draining());
+                backends.iter().find(|b| b.configured_url() == Some(url) && !b.is_draining());
             if let Some(backend) = found {
                 inner.pool.retire(backend.clone(), Duration::from_millis(new.drain_timeout_ms));
                 removed += 1;

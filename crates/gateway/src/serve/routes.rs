@@ -225,7 +225,6 @@ async fn props(
     headers: HeaderMap,
     axum::extract::Query(q): axum::extract::Query<PropsQuery>,
 ) -> Result<Response, GatewayError> {
-    static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
     let live = app.forwarder.live();
     let tenant = live.auth.identify(&headers)?;
     let pool = app.forwarder.pool();
@@ -240,25 +239,22 @@ async fn props(
         return Err(ApiError::model_not_found(&model).into());
     }
     let backends = pool.backends();
-    let backend =
-        backends.iter().find(|b| b.is_healthy() && b.serves(&model)).ok_or_else(|| {
+    let (backend, url) = backends
+        .iter()
+        .filter(|b| b.is_healthy() && b.serves(&model))
+        .find_map(|b| Some((b, b.address()?)))
+        .ok_or_else(|| {
             ApiError::new(ErrorType::UnavailableError, "no healthy backend serves it")
         })?;
-    let client = CLIENT.get_or_init(reqwest::Client::new);
-    let url = format!("{}/props", backend.url());
-    let mut ask = client.get(url);
-    if let Some(key) = &backend.api_key {
-        ask = ask.header(header::AUTHORIZATION, key.clone());
-    }
-    let answer = ask
-        .query(&[("model", &model)])
-        .timeout(std::time::Duration::from_secs(10))
-        .send()
-        .await
-        .map_err(|_| ApiError::new(ErrorType::UnavailableError, "the backend did not answer"))?;
-    let status = StatusCode::from_u16(answer.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
-    let body = answer
-        .bytes()
+    let forwarder = &app.forwarder;
+    let key = backend.api_key.clone().map(|key| (header::AUTHORIZATION, key));
+    let path = format!("/props?model={}", query_value(&model));
+    // A client's request: the whole answer within the first-byte timeout, as
+    // for any answer that is not streamed.
+    let timeout = forwarder.timeouts().first_byte;
+    let read =
+        forwarder.client().fetch(&url, &path, key, timeout, crate::fleet::health::READ_LIMIT);
+    let (status, body) = read
         .await
         .map_err(|_| ApiError::new(ErrorType::UnavailableError, "the backend did not answer"))?;
     let mut response = Response::new(axum::body::Body::from(body));
@@ -268,6 +264,20 @@ async fn props(
         axum::http::HeaderValue::from_static("application/json"),
     );
     Ok(response)
+}
+
+/// `value` as a URL query's value: every byte but the unreserved ones escaped.
+fn query_value(value: &str) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(value.len());
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
 }
 
 /// `GET /health`: 200 when some backend takes traffic.

@@ -14,11 +14,12 @@ use arc_swap::ArcSwap;
 
 use crate::config::error::GatewayError;
 use crate::config::live::{Live, LiveCell};
-use crate::config::{BackendConfig, Cli, GatewayConfig};
+use crate::config::{Cli, GatewayConfig};
 use crate::fleet::backend::Backend;
 use crate::fleet::discovery::Discovery;
 use crate::fleet::pool::Pool;
 use crate::proxy::retry::RetryPolicy;
+use crate::proxy::upstream::BackendClient;
 use crate::serve::reload::Reload;
 use crate::serve::workers::{spawn_workers, worker_count, Common};
 use crate::tenancy::limits::UsageBook;
@@ -95,22 +96,15 @@ impl Gateway {
                 let name = spec.model.file_name().and_then(|n| n.to_str()).unwrap_or("model");
                 name.strip_suffix(".gguf").unwrap_or(name).to_owned()
             });
-            let seed = BackendConfig { slots: Some(spec.n_parallel), ..BackendConfig::at("") };
             let admin_key = crate::fleet::supervisor::new_admin_key();
-            let mut backend = Backend::new(backends.len(), &seed);
-            backend.api_key =
-                axum::http::HeaderValue::from_str(&format!("Bearer {admin_key}")).ok();
+            let backend =
+                Backend::supervised(backends.len(), engines.len(), spec.n_parallel, &admin_key);
             let backend = Arc::new(backend);
             backend.set_models(vec![id]);
             backends.push(backend.clone());
             engines.push((spec.clone(), admin_key, backend));
         }
         let routing = config.routing.clone();
-        let client = reqwest::Client::builder()
-            .pool_idle_timeout(Duration::from_millis(routing.pool_idle_timeout_ms))
-            .connect_timeout(Duration::from_millis(routing.connect_timeout_ms))
-            .build()
-            .map_err(|e| GatewayError::Config(format!("http client: {e}")))?;
         let pool = Pool::new(backends, &routing);
         let shared_limits = match &config.auth.redis_url {
             Some(url) => Some(RedisLimits::start(url, stop.clone()).map_err(GatewayError::Config)?),
@@ -163,9 +157,12 @@ impl Gateway {
         };
         let replica_header = axum::http::HeaderValue::from_str(&replica)
             .map_err(|_| GatewayError::Config("replica_id: not a valid header value".into()))?;
+        // The health checks' own client, on this runtime: each worker thread
+        // has one for its requests.
+        let client = Arc::new(BackendClient::new(&routing, replica_header.clone()));
         tasks.spawn(crate::fleet::health::run(
             pool.clone(),
-            client.clone(),
+            client,
             routing.clone(),
             replica.clone(),
             stop.clone(),

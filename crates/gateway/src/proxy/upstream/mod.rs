@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 use axum::http::{header, HeaderValue, StatusCode};
 use bytes::BytesMut;
+use http_body_util::BodyExt as _;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
@@ -46,6 +47,27 @@ pub enum SendError {
     /// The backend's URL and the path make no valid URI.
     #[error("invalid backend URI: {0}")]
     Uri(String),
+}
+
+/// Why a GET of the whole answer failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// No answer came.
+    #[error(transparent)]
+    Send(#[from] SendError),
+    /// The answer's body broke off or was larger than allowed.
+    #[error("reading the answer: {0}")]
+    Body(String),
+    /// The whole answer did not come in time.
+    #[error("no whole answer in time")]
+    Timeout,
+}
+
+/// The two requests the gateway makes of a backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Method {
+    Get,
+    Post,
 }
 
 /// Idle connections kept per backend, at most.
@@ -118,12 +140,12 @@ impl BackendClient {
     pub async fn post(
         &self,
         base: &str,
-        path: &'static str,
+        path: &str,
         headers: impl IntoIterator<Item = (header::HeaderName, HeaderValue)>,
         body: Bytes,
     ) -> Result<Reply, SendError> {
         let host = self.host(base)?;
-        let head = self.encode(&host, path, headers, &body);
+        let head = self.encode(&host, Method::Post, path, headers, &body);
         // A pooled connection that the backend closed while it lay idle answers
         // nothing at all: that is `Stale`, which the retry policy sends again at
         // once (as nginx does with its cached upstream connections), as an
@@ -136,9 +158,55 @@ impl BackendClient {
                 Err(HeadError::Broken(e)) => Err(SendError::Broken(e)),
             };
         }
-        let mut conn = self.connect(&host).await?;
-        match exchange(&mut conn, &head, &body).await {
-            Ok(answer) => Ok(Reply::new(answer, conn, host)),
+        self.fresh(&host, &head, &body).await
+    }
+
+    /// GETs `base` + `path` (a path and query) with `headers` added: the
+    /// gateway's own reads of a backend (health, slots, properties, slot
+    /// events), never a client's request. A GET is safe to send twice, so a
+    /// stale pooled connection is replaced here at once, on a new one.
+    pub async fn get(
+        &self,
+        base: &str,
+        path: &str,
+        headers: impl IntoIterator<Item = (header::HeaderName, HeaderValue)>,
+    ) -> Result<Reply, SendError> {
+        let host = self.host(base)?;
+        let head = self.encode(&host, Method::Get, path, headers, &Bytes::new());
+        if let Some(mut conn) = host.take() {
+            match exchange(&mut conn, &head, &Bytes::new()).await {
+                Ok(answer) => return Ok(Reply::new(answer, conn, host)),
+                Err(HeadError::Nothing(_)) => {}
+                Err(HeadError::Broken(e)) => return Err(SendError::Broken(e)),
+            }
+        }
+        self.fresh(&host, &head, &Bytes::new()).await
+    }
+
+    /// GETs `base` + `path` and reads the whole answer, at most `limit` bytes,
+    /// within `timeout` from the start.
+    pub async fn fetch(
+        &self,
+        base: &str,
+        path: &str,
+        headers: impl IntoIterator<Item = (header::HeaderName, HeaderValue)>,
+        timeout: Duration,
+        limit: usize,
+    ) -> Result<(StatusCode, Bytes), FetchError> {
+        let read = async {
+            let reply = self.get(base, path, headers).await?;
+            let body = http_body_util::Limited::new(reply.body, limit);
+            let bytes = body.collect().await.map_err(|e| FetchError::Body(e.to_string()))?;
+            Ok((reply.status, bytes.to_bytes()))
+        };
+        tokio::time::timeout(timeout, read).await.map_err(|_| FetchError::Timeout)?
+    }
+
+    /// Sends `head` and `body` on a new connection to `host`.
+    async fn fresh(&self, host: &Arc<Host>, head: &[u8], body: &Bytes) -> Result<Reply, SendError> {
+        let mut conn = self.connect(host).await?;
+        match exchange(&mut conn, head, body).await {
+            Ok(answer) => Ok(Reply::new(answer, conn, host.clone())),
             Err(HeadError::Nothing(e) | HeadError::Broken(e)) => Err(SendError::Broken(e)),
         }
     }
@@ -147,18 +215,22 @@ impl BackendClient {
     fn encode(
         &self,
         host: &Host,
+        method: Method,
         path: &str,
         headers: impl IntoIterator<Item = (header::HeaderName, HeaderValue)>,
         body: &Bytes,
     ) -> Vec<u8> {
         let small = body.len() <= ONE_WRITE;
         let mut head = Vec::with_capacity(256 + if small { body.len() } else { 0 });
-        head.extend_from_slice(b"POST ");
+        head.extend_from_slice(match method {
+            Method::Post => b"POST ",
+            Method::Get => b"GET ",
+        });
         head.extend_from_slice(host.prefix.as_bytes());
         head.extend_from_slice(path.as_bytes());
         head.extend_from_slice(b" HTTP/1.1\r\nhost: ");
         head.extend_from_slice(host.authority.as_bytes());
-        head.extend_from_slice(b"\r\ncontent-type: application/json\r\n");
+        head.extend_from_slice(b"\r\n");
         // Header values cannot hold line breaks (`HeaderValue` refuses them):
         // nothing a client sends can add a line to this head.
         let mut line = |name: &[u8], value: &[u8]| {
@@ -171,8 +243,12 @@ impl BackendClient {
         for (name, value) in headers {
             line(name.as_str().as_bytes(), value.as_bytes());
         }
-        // Writing into a Vec cannot fail.
-        let _ = write!(head, "content-length: {}\r\n\r\n", body.len());
+        if method == Method::Post {
+            line(b"content-type", b"application/json");
+            // Writing into a Vec cannot fail.
+            let _ = write!(head, "content-length: {}\r\n", body.len());
+        }
+        head.extend_from_slice(b"\r\n");
         if small {
             head.extend_from_slice(body);
         }
@@ -320,18 +396,23 @@ mod tests {
     const ANSWER: &[u8] =
         b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
 
-    /// A backend that reads each request whole (by its `content-length`) and
-    /// answers it with `answer`, closing the connection after `per_connection`
-    /// answers; counts connections, and keeps the bodies it got.
+    /// What a backend got: each request's head (lowercased) and body.
+    type Got = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+
+    /// A backend that reads each request whole (by its `content-length`, none
+    /// for a GET) and answers it with `answer`, closing the connection after
+    /// `per_connection` answers; counts connections, and keeps what it got for
+    /// the test to check (nothing is asserted in its tasks, where a failure
+    /// would only close a connection).
     async fn backend(
         per_connection: usize,
         answer: &'static [u8],
-    ) -> (String, Arc<AtomicUsize>, Arc<Mutex<Vec<Vec<u8>>>>) {
+    ) -> (String, Arc<AtomicUsize>, Got) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let accepted = Arc::new(AtomicUsize::new(0));
-        let bodies = Arc::new(Mutex::new(Vec::new()));
-        let (count, got) = (accepted.clone(), bodies.clone());
+        let requests: Got = Arc::default();
+        let (count, got) = (accepted.clone(), requests.clone());
         tokio::spawn(async move {
             while let Ok((mut socket, _)) = listener.accept().await {
                 count.fetch_add(1, Ordering::SeqCst);
@@ -342,16 +423,16 @@ mod tests {
                     let mut answered = 0;
                     while answered < per_connection {
                         let end = buf.windows(4).position(|w| w == b"\r\n\r\n");
-                        let length = end.map(|end| {
+                        let request = end.map(|end| {
                             let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
-                            assert!(head.starts_with("post /v1/"), "{head}");
                             let value =
                                 head.lines().find_map(|l| l.strip_prefix("content-length:"));
-                            (end + 4, value.unwrap().trim().parse::<usize>().unwrap())
+                            let n = value.and_then(|v| v.trim().parse::<usize>().ok());
+                            (head, end + 4, n.unwrap_or(0))
                         });
-                        match length {
-                            Some((start, n)) if buf.len() >= start + n => {
-                                got.lock().unwrap().push(buf[start..start + n].to_vec());
+                        match request {
+                            Some((head, start, n)) if buf.len() >= start + n => {
+                                got.lock().unwrap().push((head, buf[start..start + n].to_vec()));
                                 buf.drain(..start + n);
                                 if socket.write_all(answer).await.is_err() {
                                     return;
@@ -367,7 +448,7 @@ mod tests {
                 });
             }
         });
-        (base, accepted, bodies)
+        (base, accepted, requests)
     }
 
     fn upstream() -> BackendClient {
@@ -395,6 +476,50 @@ mod tests {
         drop(reply);
         post(&upstream, &base).await.unwrap();
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    /// Every request is a POST of JSON to the path asked for, naming this replica.
+    #[tokio::test]
+    async fn posts_name_their_path_body_and_replica() {
+        let (base, _, got) = backend(usize::MAX, ANSWER).await;
+        post(&upstream(), &format!("{base}/api")).await.unwrap();
+        let (head, body) = got.lock().unwrap()[0].clone();
+        assert!(head.starts_with("post /api/v1/completions http/1.1\r\n"), "{head}");
+        for line in
+            ["content-type: application/json", "content-length: 2", "x-slotgate-replica: test"]
+        {
+            assert!(head.lines().any(|l| l == line), "{line} in {head}");
+        }
+        assert_eq!(body, b"{}");
+    }
+
+    /// The gateway's own reads are GETs without a body; a stale pooled connection
+    /// under one is replaced at once (a GET may go twice); the whole answer must
+    /// come within its time and its size limit.
+    #[tokio::test]
+    async fn gets_are_read_whole_within_their_time_and_size() {
+        let (base, accepted, got) = backend(1, ANSWER).await;
+        let client = upstream();
+        let second = Duration::from_secs(1);
+        for _ in 0..3 {
+            // At once: the pooled connection the backend closed may be taken.
+            let (status, body) = client.fetch(&base, "/slots?x=1", [], second, 2).await.unwrap();
+            assert_eq!((status, &body[..]), (StatusCode::OK, &b"{}"[..]));
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+        let (head, body) = got.lock().unwrap()[0].clone();
+        assert!(head.starts_with("get /slots?x=1 http/1.1\r\n"), "{head}");
+        assert!(!head.contains("content-length"), "{head}");
+        assert!(body.is_empty());
+        let small = client.fetch(&base, "/slots", [], second, 1).await;
+        assert!(matches!(small, Err(FetchError::Body(_))), "{small:?}");
+        // A backend that accepts and never answers.
+        let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", silent.local_addr().unwrap());
+        let started = Instant::now();
+        let late = client.fetch(&base, "/health", [], Duration::from_millis(200), 2).await;
+        assert!(matches!(late, Err(FetchError::Timeout)), "{late:?}");
+        assert!(started.elapsed() < second, "{:?}", started.elapsed());
     }
 
     /// A pooled connection that the backend closed is replaced without an error
@@ -438,7 +563,7 @@ mod tests {
             assert_eq!(&text[..], b"data: hi\n\n");
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
-        assert_eq!(bodies.lock().unwrap()[1], large);
+        assert_eq!(bodies.lock().unwrap()[1].1, large);
     }
 
     /// An answer that ends with the connection is read to the close, and the

@@ -12,7 +12,7 @@
 //! then sends with every request to the page's origin.
 
 use std::convert::Infallible;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
@@ -25,15 +25,13 @@ use serde_json::{json, Value};
 use slotgate_protocol::SlotStatus;
 
 use crate::fleet::backend::Backend;
-use crate::fleet::pool::Pool;
+use crate::proxy::Forwarder;
 use crate::serve::app::{peer, App, AppState, Peer};
 
 /// The page, built in.
 const PAGE: &str = include_str!("page.html");
 /// How often the stream sends a snapshot.
 const EVERY: Duration = Duration::from_secs(1);
-/// Longest wait for a backend's `/slots` in one snapshot.
-const SLOTS_TIMEOUT: Duration = Duration::from_millis(800);
 
 /// The dashboard's routes.
 pub fn routes() -> Router<Arc<App>> {
@@ -93,38 +91,31 @@ async fn state(State(app): AppState, from: Peer, headers: HeaderMap) -> Response
     if let Some(refused) = refuse(&app, &headers, from) {
         return refused;
     }
-    axum::Json(snapshot(app.forwarder.pool()).await).into_response()
+    axum::Json(snapshot(&app.forwarder).await).into_response()
 }
 
 async fn events(State(app): AppState, from: Peer, headers: HeaderMap) -> Response {
     if let Some(refused) = refuse(&app, &headers, from) {
         return refused;
     }
-    let pool = app.forwarder.pool().clone();
-    let stream = futures::stream::unfold((pool, true), |(pool, first)| async move {
+    let stream = futures::stream::unfold((app, true), |(app, first)| async move {
         if !first {
             tokio::time::sleep(EVERY).await;
         }
-        let event = format!("data: {}\n\n", snapshot(&pool).await);
-        Some((Ok::<_, Infallible>(axum::body::Bytes::from(event)), (pool, false)))
+        let event = format!("data: {}\n\n", snapshot(&app.forwarder).await);
+        Some((Ok::<_, Infallible>(axum::body::Bytes::from(event)), (app, false)))
     });
     let mut response = axum::body::Body::from_stream(stream).into_response();
     slotgate_http::event_stream(&mut response);
     response
 }
 
-/// A client for the backends' `/slots`, made once.
-fn client() -> &'static reqwest::Client {
-    static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
-    CLIENT.get_or_init(|| {
-        reqwest::Client::builder().timeout(SLOTS_TIMEOUT).build().unwrap_or_default()
-    })
-}
-
 /// What the dashboard shows now.
-pub async fn snapshot(pool: &Arc<Pool>) -> Value {
+pub async fn snapshot(forwarder: &Forwarder) -> Value {
+    let pool = forwarder.pool();
     let backends = pool.backends();
-    let slots = futures::future::join_all(backends.iter().map(|b| slots_of(b))).await;
+    let read = |b| slots_of(forwarder, b);
+    let slots = futures::future::join_all(backends.iter().map(|b| read(b))).await;
     let backends: Vec<Value> = backends
         .iter()
         .zip(slots)
@@ -155,17 +146,15 @@ pub async fn snapshot(pool: &Arc<Pool>) -> Value {
 
 /// Each slot of `backend`, as its `/slots` says (with its own key, which shows
 /// what each slot holds); `null` when it does not answer.
-async fn slots_of(backend: &Backend) -> Value {
-    let url = backend.url();
-    if url.is_empty() {
+async fn slots_of(forwarder: &Forwarder, backend: &Backend) -> Value {
+    let Some(url) = backend.address() else { return Value::Null };
+    let timeout = forwarder.timeouts().read;
+    let read = crate::fleet::health::read(forwarder.client(), backend, &url, "/slots", timeout);
+    let Ok((status, body)) = read.await else { return Value::Null };
+    let Ok(slots) = serde_json::from_slice::<Vec<SlotStatus>>(&body) else { return Value::Null };
+    if !status.is_success() {
         return Value::Null;
     }
-    let mut request = client().get(format!("{url}/slots"));
-    if let Some(key) = &backend.api_key {
-        request = request.header(header::AUTHORIZATION, key.clone());
-    }
-    let Ok(response) = request.send().await else { return Value::Null };
-    let Ok(slots) = response.json::<Vec<SlotStatus>>().await else { return Value::Null };
     slots
         .iter()
         .map(|s| {
