@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::fleet::backend::Backend;
 use crate::metrics as m;
 use crate::tenancy::limits::Permit;
 
@@ -28,6 +29,15 @@ pub struct Record {
 }
 
 impl Record {
+    /// Counts the usage that `backend` reported in an answer or chunk: its
+    /// prompt-cache reuse, and the tokens of the request's key.
+    pub fn count_usage(&mut self, backend: &Backend, bytes: &[u8]) {
+        if let Some(usage) = crate::proxy::usage::scan(bytes) {
+            m::prompt_reuse(&backend.url(), usage.prompt, usage.cached);
+            self.tokens(usage.prompt, usage.completion, usage.cached);
+        }
+    }
+
     /// A request for `model`, numbered `request_id`, that arrived at `started`.
     pub fn new(model: &str, request_id: &axum::http::HeaderValue, started: Instant) -> Self {
         Self {

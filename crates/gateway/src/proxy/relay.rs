@@ -78,7 +78,7 @@ impl Relay {
     fn pass(&mut self, data: Bytes) -> Bytes {
         self.events += memchr::memmem::find_iter(&data, b"data: ").count() as u64;
         // Only the last chunk of a stream that asked for usage carries it.
-        super::count_usage(&self.claim.backend, &mut self.record, &data);
+        self.record.count_usage(&self.claim.backend, &data);
         match &mut self.strip {
             Some(strip) => strip.filter(data),
             None => data,
