@@ -1,9 +1,11 @@
 //! HTTP pieces the engine and the gateway share: the one place an [`ApiError`]
-//! becomes a response, the shutdown signal, the Prometheus recorder, and API keys.
+//! becomes a response, the shutdown signal, the Prometheus recorder, API keys, and
+//! the first layers of settings.
 
 pub mod admin;
 pub mod conn;
 pub mod keys;
+pub mod settings;
 
 use std::sync::OnceLock;
 

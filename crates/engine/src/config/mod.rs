@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 use clap::parser::ValueSource;
 use clap::{Args, CommandFactory, FromArgMatches, Parser};
-use figment::providers::{Env, Format, Serialized, Toml};
+use figment::providers::{Env, Serialized};
 use figment::value::{Dict, Map, Tag};
 use figment::{Figment, Metadata, Profile, Provider};
 use serde::Serialize;
@@ -108,16 +108,9 @@ impl EngineConfig {
     /// Layers defaults, the `--config` file, the environment and the flags, and
     /// validates the result.
     pub fn load(cli: &Cli) -> Result<Self, EngineError> {
-        let mut figment = Figment::from(Serialized::defaults(Self::default()));
-        if let Some(path) = &cli.config {
-            if !path.is_file() {
-                return Err(EngineError::Config(format!(
-                    "config: {} is not a readable file",
-                    path.display()
-                )));
-            }
-            figment = figment.merge(Toml::file(path));
-        }
+        let figment =
+            slotgate_http::settings::defaults_and_file(&Self::default(), cli.config.as_deref());
+        let figment = figment.map_err(EngineError::Config)?;
         let figment = figment
             .merge(Env::prefixed("SLOTGATE_ENGINE_"))
             .merge(Serialized::defaults(cli.given()?));

@@ -3,17 +3,18 @@
 
 pub mod error;
 pub mod live;
+mod routing;
 
 use std::path::PathBuf;
 
 use clap::Parser;
-use figment::providers::{Env, Format, Serialized, Toml};
-use figment::Figment;
+use figment::providers::{Env, Serialized};
 use serde::{Deserialize, Serialize};
 
 use crate::config::error::GatewayError;
 pub use crate::fleet::balancer::Policy;
 pub use crate::tenancy::config::{AuthConfig, CorsConfig, KeyConfig, Priority};
+pub use routing::Routing;
 
 /// An engine or llama.cpp server the gateway forwards to.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -47,6 +48,25 @@ impl BackendConfig {
     /// only its URL has it.
     pub fn at(url: impl Into<String>) -> Self {
         Self { url: url.into(), models: None, slots: None, weight: one(), api_key_env: None }
+    }
+
+    /// Checks every field; the error names the field and why.
+    fn check(&self) -> Result<(), (&'static str, String)> {
+        if let Err(why) = crate::fleet::target::Target::parse(&self.url) {
+            return Err(("url", why));
+        }
+        if self.weight == 0 {
+            return Err(("weight", "must be at least 1".into()));
+        }
+        if self.slots == Some(0) {
+            return Err(("slots", "must be at least 1".into()));
+        }
+        if let Some(var) = &self.api_key_env {
+            if std::env::var(var).map_or(true, |v| v.is_empty()) {
+                return Err(("api_key_env", format!("the variable `{var}` is not set")));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -82,72 +102,6 @@ fn four() -> u32 {
 
 fn ctx_len() -> u32 {
     4096
-}
-
-/// How requests are routed, queued and retried, and how backends are checked.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct Routing {
-    /// How a backend is chosen.
-    pub policy: Policy,
-    /// `cache_aware`: a backend keeps its conversations while its busy slots stay
-    /// within this factor of its share of all busy slots.
-    pub cache_load_factor: f64,
-    /// Requests that may wait for a slot, per model.
-    pub queue_size: u32,
-    /// How long one may wait.
-    pub queue_timeout_ms: u64,
-    /// Backends tried for one request, the first included.
-    pub max_attempts: u32,
-    /// Pause before a retry.
-    pub retry_backoff_ms: u64,
-    /// Retries allowed as a fraction of requests (plus `retry_budget_min` per second).
-    pub retry_budget: f64,
-    /// Retries always allowed per second, whatever the ratio.
-    pub retry_budget_min: u32,
-    /// Interval of the active health checks and `/slots` reconciliation.
-    pub health_interval_ms: u64,
-    /// Passing checks in a row that re-admit a backend.
-    pub healthy_threshold: u32,
-    /// Failing checks in a row that eject a backend.
-    pub unhealthy_threshold: u32,
-    /// Idle pooled connections are closed after this; below llama.cpp's 5 s.
-    pub pool_idle_timeout_ms: u64,
-    /// Connection timeout to a backend.
-    pub connect_timeout_ms: u64,
-    /// How long a backend may take to its answer's first byte (for an answer
-    /// that is not streamed: to the whole answer); past it the attempt counts as
-    /// failed, as if the backend had died under it.
-    pub first_byte_timeout_ms: u64,
-    /// How long a streaming backend may send nothing between two chunks; past it
-    /// the stream ends with an error event.
-    pub chunk_timeout_ms: u64,
-    /// Follow each backend's pushed slot state (`/slots/events`) where it offers
-    /// one; off, every backend is polled each `health_interval_ms`.
-    pub slot_events: bool,
-}
-
-impl Default for Routing {
-    fn default() -> Self {
-        Self {
-            policy: Policy::CacheAware,
-            cache_load_factor: 1.25,
-            queue_size: 256,
-            queue_timeout_ms: 30_000,
-            max_attempts: 3,
-            retry_backoff_ms: 25,
-            retry_budget: 0.2,
-            retry_budget_min: 10,
-            health_interval_ms: 1_000,
-            healthy_threshold: 2,
-            unhealthy_threshold: 3,
-            pool_idle_timeout_ms: 4_000,
-            connect_timeout_ms: 2_000,
-            first_byte_timeout_ms: 600_000,
-            chunk_timeout_ms: 60_000,
-            slot_events: true,
-        }
-    }
 }
 
 /// All settings.
@@ -267,25 +221,6 @@ impl Default for GatewayConfig {
     }
 }
 
-/// The top-level keys of [`GatewayConfig`], the only ones read from the environment.
-const TOP_LEVEL_KEYS: &[&str] = &[
-    "listen",
-    "backends",
-    "engines",
-    "routing",
-    "drain_timeout_ms",
-    "max_body_bytes",
-    "workers",
-    "aliases",
-    "auth",
-    "keys",
-    "cors",
-    "replica_id",
-    "discovery",
-    "log_format",
-    "connections",
-];
-
 /// Command-line flags.
 #[derive(Debug, Clone, Default, Parser)]
 #[command(name = "slotgate", version, about = "Slot-aware OpenAI gateway for llama.cpp engines")]
@@ -307,21 +242,16 @@ pub struct Cli {
 impl GatewayConfig {
     /// Layers defaults, the file, the environment and the flags, and validates.
     pub fn load(cli: &Cli) -> Result<Self, GatewayError> {
-        let mut figment = Figment::from(Serialized::defaults(Self::default()));
-        if let Some(path) = &cli.config {
-            if !path.is_file() {
-                return Err(GatewayError::Config(format!(
-                    "config: {} is not a readable file",
-                    path.display()
-                )));
-            }
-            figment = figment.merge(Toml::file(path));
-        }
+        let figment =
+            slotgate_http::settings::defaults_and_file(&Self::default(), cli.config.as_deref());
+        let mut figment = figment.map_err(GatewayError::Config)?;
         // SLOTGATE_ is shared with other variables (the engine's SLOTGATE_ENGINE_*,
         // the tests' SLOTGATE_TEST_*): only the gateway's own top-level keys are read.
+        let keys = slotgate_http::settings::field_names::<Self>();
         let env = Env::prefixed("SLOTGATE_")
-            .filter(|key| {
-                TOP_LEVEL_KEYS.iter().any(|k| key.as_str().to_ascii_lowercase().starts_with(k))
+            .filter(move |key| {
+                let key = key.as_str().to_ascii_lowercase();
+                keys.iter().any(|k| key.starts_with(k.as_str()))
             })
             .split("__");
         figment = figment.merge(env);
@@ -349,23 +279,9 @@ impl GatewayConfig {
             );
         }
         for (i, b) in self.backends.iter().enumerate() {
-            if let Err(why) = crate::fleet::target::Target::parse(&b.url) {
-                return bad(format!("backends[{i}].url"), why);
-            }
-            if b.weight == 0 {
-                return bad(format!("backends[{i}].weight"), "must be at least 1".into());
-            }
-            if b.slots == Some(0) {
-                return bad(format!("backends[{i}].slots"), "must be at least 1".into());
-            }
-            if let Some(var) = &b.api_key_env {
-                if std::env::var(var).map_or(true, |v| v.is_empty()) {
-                    return bad(
-                        format!("backends[{i}].api_key_env"),
-                        format!("the variable `{var}` is not set"),
-                    );
-                }
-            }
+            b.check().map_err(|(field, why)| {
+                GatewayError::Config(format!("backends[{i}].{field}: {why}"))
+            })?;
         }
         for (i, ns) in self.discovery.nameservers.iter().enumerate() {
             if ns.parse::<std::net::SocketAddr>().is_err() {
@@ -395,28 +311,7 @@ impl GatewayConfig {
                 "give at least one backend (--backend URL) or [[engines]]".into(),
             );
         }
-        let r = &self.routing;
-        if r.cache_load_factor.is_nan() || r.cache_load_factor < 1.0 {
-            return bad(
-                "routing.cache_load_factor".into(),
-                format!("must be at least 1.0, got {}", r.cache_load_factor),
-            );
-        }
-        if r.max_attempts == 0 {
-            return bad("routing.max_attempts".into(), "must be at least 1".into());
-        }
-        if !(0.0..=10.0).contains(&r.retry_budget) {
-            return bad(
-                "routing.retry_budget".into(),
-                format!("must be between 0 and 10, got {}", r.retry_budget),
-            );
-        }
-        if r.health_interval_ms < 10 {
-            return bad("routing.health_interval_ms".into(), "must be at least 10".into());
-        }
-        if r.healthy_threshold == 0 || r.unhealthy_threshold == 0 {
-            return bad("routing.healthy_threshold".into(), "thresholds must be at least 1".into());
-        }
+        self.routing.check().map_err(GatewayError::Config)?;
         let config_error = GatewayError::Config;
         crate::tenancy::config::check_keys(&self.keys).map_err(config_error)?;
         self.auth.check().map_err(config_error)?;

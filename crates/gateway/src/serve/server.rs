@@ -14,7 +14,7 @@ use arc_swap::ArcSwap;
 
 use crate::config::error::GatewayError;
 use crate::config::live::{Live, LiveCell};
-use crate::config::{Cli, GatewayConfig};
+use crate::config::{Cli, EngineSpec, GatewayConfig};
 use crate::fleet::backend::Backend;
 use crate::fleet::discovery::Discovery;
 use crate::fleet::pool::Pool;
@@ -86,30 +86,12 @@ impl Gateway {
         let metrics = crate::metrics::handle();
         let stop = CancellationToken::new();
         let tasks = TaskTracker::new();
-        // Backends named by DNS join the pool as they are discovered.
-        let fixed = config.backends.iter().filter(|b| !crate::fleet::target::is_discovered(&b.url));
-        let mut backends: Vec<Arc<Backend>> =
-            fixed.enumerate().map(|(i, b)| Arc::new(Backend::new(i, b))).collect();
-        let mut engines = Vec::new();
-        for spec in &config.engines {
-            let id = spec.model_id.clone().unwrap_or_else(|| {
-                let name = spec.model.file_name().and_then(|n| n.to_str()).unwrap_or("model");
-                name.strip_suffix(".gguf").unwrap_or(name).to_owned()
-            });
-            let admin_key = crate::fleet::supervisor::new_admin_key();
-            let backend =
-                Backend::supervised(backends.len(), engines.len(), spec.n_parallel, &admin_key);
-            let backend = Arc::new(backend);
-            backend.set_models(vec![id]);
-            backends.push(backend.clone());
-            engines.push((spec.clone(), admin_key, backend));
-        }
+        let (backends, engines) = backends_of(&config);
         let routing = config.routing.clone();
         let pool = Pool::new(backends, &routing);
-        let shared_limits = match &config.auth.redis_url {
-            Some(url) => Some(RedisLimits::start(url, stop.clone()).map_err(GatewayError::Config)?),
-            None => None,
-        };
+        let shared_limits =
+            config.auth.redis_url.as_ref().map(|url| RedisLimits::start(url, stop.clone()));
+        let shared_limits = shared_limits.transpose().map_err(GatewayError::Config)?;
         let book = Arc::new(UsageBook::new(shared_limits));
         let live: LiveCell = Arc::new(ArcSwap::from_pointee(Live::build(&config, &book)?));
         if live.load().auth.is_open() {
@@ -122,18 +104,7 @@ impl Gateway {
             stop.clone(),
         )?;
         discovery.sync(&config.backends);
-        // Counters start at zero, so that rates and dashboards see them before
-        // the first retry or refusal.
-        for failure in crate::proxy::retry::Failure::ALL {
-            metrics::counter!(crate::metrics::RETRIES, "reason" => failure.label()).increment(0);
-        }
-        for tenant in live.load().auth.tenants() {
-            for reason in crate::tenancy::limits::REFUSAL_REASONS {
-                let key = tenant.name.to_string();
-                metrics::counter!(crate::metrics::KEY_REFUSALS, "key" => key, "reason" => reason)
-                    .increment(0);
-            }
-        }
+        zero_counters(&live.load());
         let reload = Reload::new(
             source,
             config.clone(),
@@ -143,20 +114,10 @@ impl Gateway {
             discovery,
         );
         tasks.spawn(reload_on_hangup(reload.clone(), stop.clone()));
-        for (spec, admin_key, backend) in engines {
-            tasks.spawn(crate::fleet::supervisor::supervise(
-                spec,
-                admin_key,
-                backend,
-                stop.clone(),
-            ));
+        for (spec, key, backend) in engines {
+            tasks.spawn(crate::fleet::supervisor::supervise(spec, key, backend, stop.clone()));
         }
-        let replica: Arc<str> = match &config.replica_id {
-            Some(id) => id.as_str().into(),
-            None => format!("gw-{}", &crate::fleet::supervisor::new_admin_key()[..8]).into(),
-        };
-        let replica_header = axum::http::HeaderValue::from_str(&replica)
-            .map_err(|_| GatewayError::Config("replica_id: not a valid header value".into()))?;
+        let (replica, replica_header) = replica_of(&config)?;
         // The health checks' own client, on this runtime: each worker thread
         // has one for its requests.
         let client = Arc::new(BackendClient::new(&routing, replica_header.clone()));
@@ -169,11 +130,7 @@ impl Gateway {
         ));
         let drain = Duration::from_millis(config.drain_timeout_ms);
         let draining = CancellationToken::new();
-        let signal = draining.clone();
-        tokio::spawn(async move {
-            shutdown.await;
-            signal.cancel();
-        });
+        tokio::spawn(cancel_on(shutdown, draining.clone()));
         let cut_off = CancellationToken::new();
         let workers = spawn_workers(
             listener.into_std()?,
@@ -252,6 +209,65 @@ async fn reload_on_hangup(reload: Reload, stop: CancellationToken) {
             }
         }
     }
+}
+
+/// Cancels `token` when `signal` comes.
+async fn cancel_on(signal: impl Future<Output = ()>, token: CancellationToken) {
+    signal.await;
+    token.cancel();
+}
+
+/// A supervised engine: what it runs, its admin key, and its place in the pool.
+type Supervised = (EngineSpec, String, Arc<Backend>);
+
+/// The configured backends (those named by DNS join as they are discovered),
+/// then one for each supervised engine, with what its supervisor needs.
+fn backends_of(config: &GatewayConfig) -> (Vec<Arc<Backend>>, Vec<Supervised>) {
+    let fixed = config.backends.iter().filter(|b| !crate::fleet::target::is_discovered(&b.url));
+    let mut backends: Vec<Arc<Backend>> =
+        fixed.enumerate().map(|(i, b)| Arc::new(Backend::new(i, b))).collect();
+    let mut engines = Vec::new();
+    for spec in &config.engines {
+        let id = spec.model_id.clone().unwrap_or_else(|| {
+            let name = spec.model.file_name().and_then(|n| n.to_str()).unwrap_or("model");
+            name.strip_suffix(".gguf").unwrap_or(name).to_owned()
+        });
+        let admin_key = crate::fleet::supervisor::new_admin_key();
+        let backend =
+            Backend::supervised(backends.len(), engines.len(), spec.n_parallel, &admin_key);
+        let backend = Arc::new(backend);
+        backend.set_models(vec![id]);
+        backends.push(backend.clone());
+        engines.push((spec.clone(), admin_key, backend));
+    }
+    (backends, engines)
+}
+
+/// Counters start at zero, so that rates and dashboards see them before the
+/// first retry or refusal.
+fn zero_counters(live: &Live) {
+    for failure in crate::proxy::retry::Failure::ALL {
+        metrics::counter!(crate::metrics::RETRIES, "reason" => failure.label()).increment(0);
+    }
+    for tenant in live.auth.tenants() {
+        for reason in crate::tenancy::limits::REFUSAL_REASONS {
+            let key = tenant.name.to_string();
+            metrics::counter!(crate::metrics::KEY_REFUSALS, "key" => key, "reason" => reason)
+                .increment(0);
+        }
+    }
+}
+
+/// This gateway's name among replicas (`replica_id`, or a random one), and
+/// the header value that says it to the backends.
+fn replica_of(config: &GatewayConfig) -> Result<(Arc<str>, axum::http::HeaderValue), GatewayError> {
+    let replica: Arc<str> = match &config.replica_id {
+        Some(id) => id.as_str().into(),
+        None => format!("gw-{}", &crate::fleet::supervisor::new_admin_key()[..8]).into(),
+    };
+    let header = axum::http::HeaderValue::from_str(&replica)
+        .map_err(|_| GatewayError::Config("replica_id: not a valid header value".into()))?;
+    Ok((replica, header))
 }
 
 #[cfg(test)]

@@ -8,13 +8,15 @@
 //! unchanged); for text completions, the first [`PROMPT_PREFIX_BYTES`] of the
 //! prompt. Each is hashed with the model, since a prefix is only cached per model.
 
+mod prompt_head;
 mod said;
 
 use axum::http::HeaderMap;
 use serde_json::Value;
 
 use crate::fleet::hash::Fnv;
-pub use said::{Opening, PromptHead, Said, Turn, CHAT_PREFIX_BYTES};
+pub use prompt_head::PromptHead;
+pub use said::{Opening, Said, Turn, CHAT_PREFIX_BYTES};
 
 /// The header clients may send to keep their requests together.
 pub const SESSION_HEADER: &str = "x-session-id";
