@@ -107,6 +107,32 @@ impl GenParams {
     }
 }
 
+/// Which choice of a job: its prompt, and which of that prompt's `n` samples.
+/// Built where a job becomes tasks, read where the answer is written; nothing
+/// between does arithmetic on it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ChoiceIndex {
+    /// The prompt, in the request's order.
+    pub prompt: u32,
+    /// The sample of that prompt, `0..n`.
+    pub sample: u32,
+    /// Samples per prompt (`n`).
+    n: u32,
+}
+
+impl ChoiceIndex {
+    /// Sample `sample` of prompt `prompt`, of `n` per prompt.
+    pub fn new(prompt: u32, sample: u32, n: u32) -> Self {
+        Self { prompt, sample, n }
+    }
+
+    /// OpenAI's `index`: the samples of one prompt numbered together, prompt
+    /// after prompt.
+    pub fn flat(self) -> u32 {
+        self.prompt * self.n + self.sample
+    }
+}
+
 /// Token counts of one finished choice.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ChoiceUsage {
@@ -124,7 +150,7 @@ pub enum Event {
     /// New text of choice `index`; never a broken character or part of a stop string.
     Text {
         /// The choice.
-        index: u32,
+        index: ChoiceIndex,
         /// The text.
         text: String,
         /// The log probabilities of the tokens sampled since the last event, when
@@ -134,7 +160,7 @@ pub enum Event {
     /// Choice `index` is complete.
     Done {
         /// The choice.
-        index: u32,
+        index: ChoiceIndex,
         /// Why it stopped.
         reason: FinishReason,
         /// Its token counts.
@@ -167,8 +193,8 @@ pub struct Job {
 pub(crate) struct Task {
     /// A process-wide id, shown as `id_task` in `/slots`.
     pub id: u64,
-    /// The choice index in the answer.
-    pub index: u32,
+    /// Which choice of the job it is.
+    pub index: ChoiceIndex,
     /// The prompt, tokenized.
     pub prompt: Arc<Vec<llama_cpp_2::token::LlamaToken>>,
     /// The job's sampling settings.

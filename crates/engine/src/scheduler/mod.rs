@@ -25,7 +25,7 @@ use slotgate_protocol::ApiError;
 use tokio::sync::{mpsc, oneshot};
 
 pub use embed::Embedded;
-pub use job::{ChoiceUsage, Event, GenParams, Job, JobInput};
+pub use job::{ChoiceIndex, ChoiceUsage, Event, GenParams, Job, JobInput};
 pub use model::{ModelSnapshot, Reader, VocabAnswer, VocabOp};
 
 use crate::config::ModelSettings;
@@ -94,6 +94,28 @@ impl Snapshot {
     }
 }
 
+/// The model a request is served by, looked up once when it arrives: its id
+/// (an alias read as the model's own name), what does not change while it is
+/// loaded, and its reader. Should it be unloaded meanwhile, the job is refused
+/// by the scheduler thread, which knows.
+#[derive(Debug, Clone)]
+pub struct Served {
+    /// The model's own name.
+    pub id: String,
+    /// What does not change while it is loaded.
+    pub info: Arc<model::ModelInfo>,
+    /// Reads its requests into tokens, off the scheduler thread.
+    pub reader: Arc<Reader>,
+}
+
+impl Snapshot {
+    /// The model a request names, as [`Snapshot::pick`] finds it.
+    pub fn serve(&self, model: Option<&str>) -> Result<Served, ApiError> {
+        let m = self.pick(model)?;
+        Ok(Served { id: m.id.clone(), info: m.info.clone(), reader: m.reader.clone() })
+    }
+}
+
 /// A handle to the scheduler thread. Cheap to clone; the thread stops when the last
 /// handle is dropped and its running work is done.
 #[derive(Clone)]
@@ -157,19 +179,16 @@ impl Scheduler {
     /// tokenized and measured on a blocking thread first, as prompts are.
     pub async fn embed(
         &self,
-        model: String,
+        served: &Served,
         inputs: Vec<slotgate_protocol::PromptItem>,
     ) -> Result<Vec<Embedded>, ApiError> {
-        let reader = {
-            let snapshot = self.snapshot();
-            let served = snapshot.pick(Some(&model))?;
-            if !served.info.embedding {
-                return Err(embed::not_enabled(&model));
-            }
-            served.reader.clone()
-        };
+        if !served.info.embedding {
+            return Err(embed::not_enabled(&served.id));
+        }
+        let reader = served.reader.clone();
         let inputs = self.off_loop(move || reader.read_inputs(&inputs)).await??;
         let (reply, rx) = oneshot::channel();
+        let model = served.id.clone();
         self.ask(Command::Embed(EmbedJob { model, inputs, reply }), rx).await
     }
 
@@ -213,29 +232,31 @@ impl Scheduler {
     /// Loads a model and returns its id once it serves.
     pub async fn load(&self, settings: ModelSettings) -> Result<String, EngineError> {
         let (tx, rx) = oneshot::channel();
-        self.send(Command::Load(settings, tx))?;
+        self.send(Command::Load(settings, tx)).await?;
         rx.await.map_err(|_| EngineError::SchedulerGone)?
     }
 
     /// Unloads a model; its running and queued requests fail with 503.
     pub async fn unload(&self, id: String) -> Result<(), EngineError> {
         let (tx, rx) = oneshot::channel();
-        self.send(Command::Unload(id, tx))?;
+        self.send(Command::Unload(id, tx)).await?;
         rx.await.map_err(|_| EngineError::SchedulerGone)?
     }
 
-    fn send(&self, cmd: Command) -> Result<(), EngineError> {
-        // Loads and unloads are rare; waiting for room on a blocking thread is fine.
-        match self.commands.try_send(cmd) {
-            Ok(()) => Ok(()),
-            Err(TrySendError::Full(cmd)) => {
-                let commands = self.commands.clone();
-                std::thread::spawn(move || {
-                    let _ = commands.send(cmd);
-                });
-                Ok(())
-            }
-            Err(TrySendError::Disconnected(_)) => Err(EngineError::SchedulerGone),
+    /// Sends a load or unload, waiting for room: they are rare and must not be
+    /// refused as a job is. The wait is on one of tokio's blocking threads
+    /// (pooled, and bounded in number), never a new one per command.
+    async fn send(&self, cmd: Command) -> Result<(), EngineError> {
+        let cmd = match self.commands.try_send(cmd) {
+            Ok(()) => return Ok(()),
+            Err(TrySendError::Full(cmd)) => cmd,
+            Err(TrySendError::Disconnected(_)) => return Err(EngineError::SchedulerGone),
+        };
+        let commands = self.commands.clone();
+        let sent = tokio::task::spawn_blocking(move || commands.send(cmd).is_ok()).await;
+        match sent {
+            Ok(true) => Ok(()),
+            _ => Err(EngineError::SchedulerGone),
         }
     }
 

@@ -222,7 +222,7 @@ mod tests {
         let (events, _) = tokio::sync::mpsc::unbounded_channel();
         let task = Task {
             id: 1,
-            index: 0,
+            index: crate::scheduler::job::ChoiceIndex::default(),
             prompt: std::sync::Arc::new(toks(&[1])),
             params: std::sync::Arc::default(),
             grammar: None,

@@ -12,15 +12,14 @@ use futures::stream::{self, Stream, StreamExt};
 use slotgate_protocol::{sse, ApiError, FinishReason, TokenLogprob, Usage};
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use crate::scheduler::{ChoiceUsage, Event};
+use crate::scheduler::{ChoiceIndex, ChoiceUsage, Event};
 
-/// The shape of a job's answer: how many choices, and how many per prompt.
+/// The shape of a job's answer: how many choices (prompts × n); which prompt
+/// and sample each is, its [`ChoiceIndex`] says.
 #[derive(Debug, Clone, Copy)]
 pub struct Shape {
-    /// Choices in all (prompts × n).
+    /// Choices in all.
     pub choices: u32,
-    /// Choices per prompt (`n`).
-    pub n: u32,
 }
 
 /// Sums the usage of finished choices; a prompt's tokens count once, not once per
@@ -34,8 +33,8 @@ pub struct UsageSum {
 
 impl UsageSum {
     /// Adds choice `index`.
-    pub fn add(&mut self, shape: Shape, index: u32, usage: ChoiceUsage) {
-        if index % shape.n == 0 {
+    pub fn add(&mut self, index: ChoiceIndex, usage: ChoiceUsage) {
+        if index.sample == 0 {
             self.prompt += usage.prompt_tokens;
             self.cached += usage.cached_tokens;
         }
@@ -59,6 +58,32 @@ pub struct Collected {
     pub logprobs: Vec<Vec<TokenLogprob>>,
     /// Token counts.
     pub usage: Usage,
+}
+
+impl Collected {
+    /// Each choice: its index, text, finish reason and log probabilities.
+    pub fn choices(self) -> impl Iterator<Item = (u32, String, FinishReason, Vec<TokenLogprob>)> {
+        let each = self.texts.into_iter().zip(self.reasons).zip(self.logprobs);
+        (0u32..).zip(each).map(|(i, ((text, reason), logprobs))| (i, text, reason, logprobs))
+    }
+}
+
+/// The answer to a job: streamed through `writer` when `streamed` says how,
+/// or else collected whole and made a body by `whole`.
+pub async fn respond<W: ChunkWriter>(
+    (first, rx): (Option<Event>, UnboundedReceiver<Event>),
+    writer: W,
+    shape: Shape,
+    streamed: Option<Streamed>,
+    whole: impl FnOnce(W, Collected) -> Response,
+) -> Result<Response, ApiError> {
+    if let Some(options) = streamed {
+        return Ok(stream(first, rx, writer, shape, options));
+    }
+    // Without a stream, `run` waited for the first event.
+    let Some(first) = first else { return Err(ApiError::internal()) };
+    let done = collect(first, rx, shape).await?;
+    Ok(whole(writer, done))
 }
 
 /// Waits for the first event, so that an error (a full queue, a prompt too long)
@@ -91,12 +116,13 @@ pub async fn collect(
         };
         match event {
             Event::Text { index, text, logprobs: l } => {
-                texts[index as usize].push_str(&text);
-                logprobs[index as usize].extend(l);
+                let i = index.flat() as usize;
+                texts[i].push_str(&text);
+                logprobs[i].extend(l);
             }
             Event::Done { index, reason, usage: u } => {
-                reasons[index as usize] = Some(reason);
-                usage.add(shape, index, u);
+                reasons[index.flat() as usize] = Some(reason);
+                usage.add(index, u);
                 done += 1;
             }
             Event::Error(err) => return Err(err),
@@ -208,7 +234,8 @@ impl<W: ChunkWriter> StreamState<W> {
     fn write(&mut self, event: Option<Event>) -> String {
         let mut out = String::new();
         match event {
-            Some(Event::Text { index, text, logprobs }) => {
+            Some(Event::Text { index: choice, text, logprobs }) => {
+                let index = choice.flat();
                 self.open(index, &mut out);
                 let sent = self.sent.get_mut(index as usize);
                 let offset = sent.as_deref().copied().unwrap_or(0);
@@ -218,10 +245,11 @@ impl<W: ChunkWriter> StreamState<W> {
                 }
                 out.push_str(&self.writer.text(index, text, offset, logprobs));
             }
-            Some(Event::Done { index, reason, usage }) => {
+            Some(Event::Done { index: choice, reason, usage }) => {
+                let index = choice.flat();
                 self.open(index, &mut out);
                 out.push_str(&self.writer.finish(index, reason));
-                self.usage.add(self.shape, index, usage);
+                self.usage.add(choice, usage);
                 self.done += 1;
                 if self.done == self.shape.choices {
                     if self.include_usage {

@@ -18,9 +18,9 @@ use slotgate_protocol::{
     Role, TokenLogprob, ToolCall, ToolCallDelta, Usage,
 };
 
-use super::answer::{self, ChunkWriter, Shape, Streamed};
+use super::answer::{self, ChunkWriter, Shape};
 use super::body::JsonBody;
-use super::generate::{keepalive, now, resolve_model, run};
+use super::generate::{now, resolve_model, run, streamed};
 use super::AppState;
 use crate::error::EngineError;
 use crate::scheduler::{GenParams, JobInput};
@@ -37,8 +37,7 @@ pub async fn chat(
     headers: axum::http::HeaderMap,
     JsonBody(mut req): JsonBody<ChatCompletionRequest>,
 ) -> Result<Response, EngineError> {
-    resolve_model(&state, &mut req.model)?;
-    let model = req.model.clone();
+    let served = resolve_model(&state, &mut req.model)?;
     req.validate()?;
     let mut plan = ToolPlan::read(&req)?;
     let mut params = GenParams::from_sampling(&req.sampling, req.max_tokens());
@@ -52,91 +51,83 @@ pub async fn chat(
         req.sampling.json_schema.as_ref(),
         req.response_format.as_ref(),
     )?;
+    let messages = std::mem::take(&mut req.messages);
     // A Jinja template with a tool section is given the tools and the history as
     // they are; any other template gets the generic form.
-    let native = state
-        .scheduler
-        .snapshot()
-        .models
-        .iter()
-        .find(|m| m.id == model)
-        .and_then(|m| m.info.tool_format);
-    let mut messages = std::mem::take(&mut req.messages);
-    let mut template_tools = None;
-    if native.is_none() {
-        messages = tools::generic_history(messages);
-    }
-    if let Some(plan) = plan.as_mut() {
-        if params.grammar.is_some() {
-            let err = ApiError::invalid(
-                "tools",
-                "tools and a response format (or grammar) cannot both constrain one answer",
-            );
-            return Err(err.into());
-        }
-        match native {
-            Some(format) => {
-                plan.format = format;
-                template_tools = Some(plan.tools.clone());
-                // A call that may not happen is left free; one that must is
-                // constrained to the template's format.
-                if plan.required {
-                    params.grammar = plan.native_grammar().and_then(|g| {
-                        g.map(|g| crate::constrain::bounded(g, "tools")).transpose()
-                    })?;
+    let native = served.info.tool_format;
+    let input = with_tools(plan.as_mut(), native, &mut params, messages)?;
+    let shape = Shape { choices: params.n };
+    let held = Mutex::new(vec![Held::default(); shape.choices as usize]);
+    let (id, created, model) = (crate::ids::next("chatcmpl"), now(), req.model);
+    let logprobs = params.logprobs.is_some();
+    let writer = ChatChunks { id, created, model, logprobs, plan, held };
+    let streamed = streamed(&state, &req.sampling);
+    let events = run(&state, &served, input, params, streamed.is_some(), &headers).await?;
+    let answer = answer::respond(events, writer, shape, streamed, |writer, done| {
+        let usage = done.usage.clone();
+        let choices = done
+            .choices()
+            .map(|(index, text, reason, logprobs)| {
+                let (message, reason) = message(writer.plan.as_ref(), text, reason);
+                ChatChoice {
+                    index,
+                    message,
+                    logprobs: writer.logprobs.then(|| ChoiceLogprobs::new(logprobs)),
+                    finish_reason: Some(reason),
                 }
+            })
+            .collect();
+        Json(ChatCompletion {
+            id: writer.id,
+            object: "chat.completion".into(),
+            created: writer.created,
+            model: writer.model,
+            system_fingerprint: Some(crate::SYSTEM_FINGERPRINT.into()),
+            choices,
+            usage: Some(usage),
+        })
+        .into_response()
+    });
+    Ok(answer.await?)
+}
+
+/// The job's input with the request's tools, if it has any: given to a
+/// template with a tool section as they are (a required call constrained to
+/// its format), or else written into the messages in the generic form, whose
+/// grammar constrains the answer.
+fn with_tools(
+    plan: Option<&mut ToolPlan>,
+    native: Option<CallFormat>,
+    params: &mut GenParams,
+    messages: Vec<slotgate_protocol::ChatMessage>,
+) -> Result<JobInput, ApiError> {
+    let messages = if native.is_none() { tools::generic_history(messages) } else { messages };
+    let Some(plan) = plan else { return Ok(JobInput::Chat(messages, None)) };
+    if params.grammar.is_some() {
+        return Err(ApiError::invalid(
+            "tools",
+            "tools and a response format (or grammar) cannot both constrain one answer",
+        ));
+    }
+    match native {
+        Some(format) => {
+            plan.format = format;
+            // A call that may not happen is left free; one that must is
+            // constrained to the template's format.
+            if plan.required {
+                params.grammar = plan
+                    .native_grammar()
+                    .and_then(|g| g.map(|g| crate::constrain::bounded(g, "tools")).transpose())?;
             }
-            None => {
-                let grammar =
-                    plan.generic_grammar().and_then(|g| crate::constrain::bounded(g, "tools"))?;
-                params.grammar = Some(grammar);
-                messages = plan.generic_messages(messages);
-            }
+            Ok(JobInput::Chat(messages, Some(plan.tools.clone())))
+        }
+        None => {
+            let grammar =
+                plan.generic_grammar().and_then(|g| crate::constrain::bounded(g, "tools"))?;
+            params.grammar = Some(grammar);
+            Ok(JobInput::Chat(plan.generic_messages(messages), None))
         }
     }
-    let shape = Shape { choices: params.n, n: params.n };
-    let streamed = req.sampling.is_stream();
-    let with_logprobs = params.logprobs.is_some();
-    let (first, rx) =
-        run(&state, &model, JobInput::Chat(messages, template_tools), params, streamed, &headers)
-            .await?;
-    let id = crate::ids::next("chatcmpl");
-    let created = now();
-    if streamed {
-        let held = Mutex::new(vec![Held::default(); shape.choices as usize]);
-        let writer = ChatChunks { id, created, model, logprobs: with_logprobs, plan, held };
-        let streamed =
-            Streamed { keepalive: keepalive(&state), include_usage: req.sampling.include_usage() };
-        return Ok(answer::stream(first, rx, writer, shape, streamed));
-    }
-    let Some(first) = first else { return Err(ApiError::internal().into()) };
-    let done = answer::collect(first, rx, shape).await?;
-    let choices = done
-        .texts
-        .into_iter()
-        .zip(done.reasons)
-        .zip(done.logprobs)
-        .enumerate()
-        .map(|(i, ((text, reason), logprobs))| {
-            let (message, reason) = message(plan.as_ref(), text, reason);
-            ChatChoice {
-                index: i as u32,
-                message,
-                logprobs: with_logprobs.then(|| ChoiceLogprobs::new(logprobs)),
-                finish_reason: Some(reason),
-            }
-        })
-        .collect();
-    Ok(Json(ChatCompletion {
-        id,
-        object: "chat.completion".into(),
-        created,
-        model,
-        system_fingerprint: Some(crate::SYSTEM_FINGERPRINT.into()),
-        choices,
-        usage: Some(done.usage),
-    })
-    .into_response())
 }
 
 /// The assistant's message from its whole text, and the finish reason: with

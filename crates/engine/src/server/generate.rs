@@ -18,7 +18,7 @@ use super::answer::{self, ChunkWriter, Shape, Streamed};
 use super::body::JsonBody;
 use super::AppState;
 use crate::error::EngineError;
-use crate::scheduler::{Event, GenParams, JobInput, Scheduler};
+use crate::scheduler::{Event, GenParams, JobInput, Scheduler, Served};
 
 /// OpenAI's default `max_tokens` for text completions.
 const COMPLETION_DEFAULT_MAX_TOKENS: u32 = 16;
@@ -33,17 +33,13 @@ pub(super) fn now() -> u64 {
 /// and the first event comes later, in the stream (`None` here).
 pub(super) async fn run(
     state: &AppState,
-    model: &str,
+    served: &Served,
     input: JobInput,
     params: GenParams,
     stream: bool,
     headers: &axum::http::HeaderMap,
 ) -> Result<(Option<Event>, UnboundedReceiver<Event>), EngineError> {
     let scheduler = &state.scheduler;
-    let snapshot = scheduler.snapshot();
-    let Some(served) = snapshot.models.iter().find(|m| m.id == model) else {
-        return Err(ApiError::model_not_found(model).into());
-    };
     check_choices(&input, &params, served.info.max_choices).map_err(EngineError::Api)?;
     // Which gateway replica sent it: the slot state says so, for replicas to
     // tell their own requests from the others'.
@@ -55,7 +51,6 @@ pub(super) async fn run(
     // Rendering and tokenizing are as large as the request: on a blocking thread
     // of their own, never the scheduler's.
     let reader = served.reader.clone();
-    drop(snapshot);
     let (read, params) = scheduler
         .off_loop(move || {
             let read = reader.read(&input, &params);
@@ -64,7 +59,7 @@ pub(super) async fn run(
         .await
         .map_err(EngineError::Api)?;
     let read = read.map_err(EngineError::Api)?;
-    let (job, mut rx) = Scheduler::job(model.to_owned(), read, params, replica);
+    let (job, mut rx) = Scheduler::job(served.id.clone(), read, params, replica);
     scheduler.submit(job).map_err(EngineError::Api)?;
     let keepalive = keepalive(state);
     let first = match keepalive.filter(|_| stream) {
@@ -110,16 +105,17 @@ pub(super) fn keepalive(state: &AppState) -> Option<Duration> {
     (ms > 0).then(|| Duration::from_millis(ms))
 }
 
-/// A request that names no model gets the only one loaded, as llama-server
-/// serves whatever it names; with several loaded it must name one.
-pub(super) fn resolve_model(state: &AppState, model: &mut String) -> Result<(), ApiError> {
+/// The model a request names, looked up once for all that follows. A request
+/// that names none gets the only one loaded, as llama-server serves whatever it
+/// names; with several loaded it must name one.
+pub(super) fn resolve_model(state: &AppState, model: &mut String) -> Result<Served, ApiError> {
     let named = Some(model.as_str()).filter(|m| !m.is_empty());
+    let served = state.scheduler.snapshot().serve(named)?;
+    super::recorded::serving(&served.id);
     // An alias becomes the model's own name here, so everything after (and the
     // answer's `model`) sees one name.
-    let id = state.scheduler.snapshot().pick(named)?.id.clone();
-    super::recorded::serving(&id);
-    *model = id;
-    Ok(())
+    model.clone_from(&served.id);
+    Ok(served)
 }
 
 /// `POST /v1/completions`.
@@ -128,7 +124,7 @@ pub async fn completions(
     headers: axum::http::HeaderMap,
     JsonBody(mut req): JsonBody<CompletionRequest>,
 ) -> Result<Response, EngineError> {
-    resolve_model(&state, &mut req.model)?;
+    let served = resolve_model(&state, &mut req.model)?;
     req.validate().map_err(EngineError::Api)?;
     let max_tokens = req.max_tokens.unwrap_or(COMPLETION_DEFAULT_MAX_TOKENS);
     let mut params = GenParams::from_sampling(&req.sampling, Some(max_tokens));
@@ -136,7 +132,6 @@ pub async fn completions(
         .logprobs
         .or(req.sampling.n_probs.filter(|n| *n > 0))
         .map(|n| n.min(slotgate_protocol::logprobs::MAX_TOP_LOGPROBS));
-    let with_logprobs = params.logprobs.is_some();
     params.echo = req.echo.unwrap_or(false);
     params.grammar = crate::constrain::grammar(
         req.sampling.grammar.as_deref(),
@@ -145,34 +140,37 @@ pub async fn completions(
     )
     .map_err(EngineError::Api)?;
     let items = req.prompt.items();
-    let shape = Shape { choices: items.len() as u32 * params.n, n: params.n };
-    let streamed = req.sampling.is_stream();
-    let (first, rx) =
-        run(&state, &req.model, JobInput::Prompts(items), params, streamed, &headers).await?;
+    let shape = Shape { choices: items.len() as u32 * params.n };
     let writer = CompletionChunks {
         id: crate::ids::next("cmpl"),
         created: now(),
         model: req.model.clone(),
-        logprobs: with_logprobs,
+        logprobs: params.logprobs.is_some(),
     };
-    if streamed {
-        let streamed =
-            Streamed { keepalive: keepalive(&state), include_usage: req.sampling.include_usage() };
-        return Ok(answer::stream(first, rx, writer, shape, streamed));
-    }
-    let Some(first) = first else { return Err(ApiError::internal().into()) };
-    let done = answer::collect(first, rx, shape).await?;
-    let choices = done
-        .texts
-        .into_iter()
-        .zip(done.reasons)
-        .zip(done.logprobs)
-        .enumerate()
-        .map(|(i, ((text, reason), logprobs))| {
-            writer.choice(i as u32, text, Some(reason), writer.logprobs(&logprobs, 0))
-        })
-        .collect();
-    Ok(Json(writer.completion(choices, Some(done.usage))).into_response())
+    let streamed = streamed(&state, &req.sampling);
+    let job = JobInput::Prompts(items);
+    let events = run(&state, &served, job, params, streamed.is_some(), &headers).await?;
+    let answer = answer::respond(events, writer, shape, streamed, |writer, done| {
+        let usage = done.usage.clone();
+        let choices = done
+            .choices()
+            .map(|(i, text, reason, logprobs)| {
+                writer.choice(i, text, Some(reason), writer.logprobs(&logprobs, 0))
+            })
+            .collect();
+        Json(writer.completion(choices, Some(usage))).into_response()
+    });
+    Ok(answer.await?)
+}
+
+/// How a request's answer is streamed, if it asked for a stream.
+pub(super) fn streamed(
+    state: &AppState,
+    sampling: &slotgate_protocol::Sampling,
+) -> Option<Streamed> {
+    sampling
+        .is_stream()
+        .then(|| Streamed { keepalive: keepalive(state), include_usage: sampling.include_usage() })
 }
 
 struct CompletionChunks {
@@ -236,7 +234,7 @@ pub async fn embeddings(
     State(state): State<AppState>,
     JsonBody(mut req): JsonBody<EmbeddingRequest>,
 ) -> Result<Response, EngineError> {
-    resolve_model(&state, &mut req.model)?;
+    let served = resolve_model(&state, &mut req.model)?;
     req.validate().map_err(EngineError::Api)?;
     let inputs = match &req.input {
         EmbeddingInput::Text(s) => vec![PromptItem::Text(s.clone())],
@@ -245,8 +243,7 @@ pub async fn embeddings(
         EmbeddingInput::TokenArrays(v) => v.iter().cloned().map(PromptItem::Tokens).collect(),
     };
     let format = req.encoding_format.unwrap_or_default();
-    let vectors =
-        state.scheduler.embed(req.model.clone(), inputs).await.map_err(EngineError::Api)?;
+    let vectors = state.scheduler.embed(&served, inputs).await.map_err(EngineError::Api)?;
     let tokens: u32 = vectors.iter().map(|e| e.tokens).sum();
     Ok(Json(EmbeddingResponse {
         object: "list".into(),

@@ -8,7 +8,7 @@ use std::time::Instant;
 use slotgate_protocol::ApiError;
 
 use super::ModelRuntime;
-use crate::scheduler::job::{Job, Task};
+use crate::scheduler::job::{ChoiceIndex, Job, Task};
 
 impl ModelRuntime {
     /// Turns a job into its tasks.
@@ -30,7 +30,7 @@ impl ModelRuntime {
                 };
                 tasks.push(Task {
                     id: next_id(),
-                    index: p as u32 * params.n + s,
+                    index: ChoiceIndex::new(p as u32, s, params.n),
                     prompt: prompt.clone(),
                     params: params.clone(),
                     grammar: job.grammar.clone(),
