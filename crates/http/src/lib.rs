@@ -6,6 +6,7 @@ pub mod admin;
 pub mod conn;
 pub mod keys;
 pub mod settings;
+pub mod timed;
 
 use std::sync::OnceLock;
 

@@ -119,6 +119,32 @@ impl ChatCompletionRequest {
                 "messages must contain at least one message",
             ));
         }
+        self.validate_messages()?;
+        at_least_one("max_tokens", self.max_tokens)?;
+        at_least_one("max_completion_tokens", self.max_completion_tokens)?;
+        if let Some(n) = self.top_logprobs {
+            if n > crate::logprobs::MAX_TOP_LOGPROBS {
+                return Err(ApiError::invalid(
+                    "top_logprobs",
+                    format!(
+                        "top_logprobs must be between 0 and {}",
+                        crate::logprobs::MAX_TOP_LOGPROBS
+                    ),
+                ));
+            }
+            if n > 0 && self.logprobs != Some(true) {
+                return Err(ApiError::invalid(
+                    "top_logprobs",
+                    "top_logprobs needs `logprobs: true`",
+                ));
+            }
+        }
+        self.validate_tools()?;
+        self.sampling.validate()
+    }
+
+    /// Every message's content is text, and every tool message names its call.
+    fn validate_messages(&self) -> Check {
         for (i, message) in self.messages.iter().enumerate() {
             match &message.content {
                 None if message.role != Role::Assistant => {
@@ -153,25 +179,22 @@ impl ChatCompletionRequest {
                 _ => {}
             }
         }
-        at_least_one("max_tokens", self.max_tokens)?;
-        at_least_one("max_completion_tokens", self.max_completion_tokens)?;
-        if let Some(n) = self.top_logprobs {
-            if n > crate::logprobs::MAX_TOP_LOGPROBS {
+        for (i, message) in self.messages.iter().enumerate() {
+            if message.role == Role::Tool
+                && message.tool_call_id.as_deref().is_none_or(str::is_empty)
+            {
                 return Err(ApiError::invalid(
-                    "top_logprobs",
-                    format!(
-                        "top_logprobs must be between 0 and {}",
-                        crate::logprobs::MAX_TOP_LOGPROBS
-                    ),
-                ));
-            }
-            if n > 0 && self.logprobs != Some(true) {
-                return Err(ApiError::invalid(
-                    "top_logprobs",
-                    "top_logprobs needs `logprobs: true`",
+                    format!("messages[{i}].tool_call_id"),
+                    "a tool message needs the `tool_call_id` of the call it answers",
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// The tools are functions with distinct plain names, and `tool_choice`
+    /// names one of them or needs them.
+    fn validate_tools(&self) -> Check {
         let choice = crate::ToolChoice::read(self.tool_choice.as_ref())?;
         let tools = self.tools.as_deref().unwrap_or_default();
         if tools.len() > MAX_TOOLS {
@@ -218,17 +241,7 @@ impl ChatCompletionRequest {
             }
             _ => {}
         }
-        for (i, message) in self.messages.iter().enumerate() {
-            if message.role == Role::Tool
-                && message.tool_call_id.as_deref().is_none_or(str::is_empty)
-            {
-                return Err(ApiError::invalid(
-                    format!("messages[{i}].tool_call_id"),
-                    "a tool message needs the `tool_call_id` of the call it answers",
-                ));
-            }
-        }
-        self.sampling.validate()
+        Ok(())
     }
 }
 

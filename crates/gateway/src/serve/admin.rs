@@ -157,9 +157,7 @@ async fn keys(
 ) -> Result<Json<Value>, GatewayError> {
     admin(&app, Method::GET, &headers, from)?;
     let live = app.forwarder.live();
-    let minute = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() / 60);
+    let minute = app.forwarder.book().minute();
     let keys: Vec<Value> = live
         .auth
         .tenants()

@@ -118,12 +118,22 @@ impl Usage {
     }
 }
 
+/// Where the windows' time comes from: seconds since the Unix epoch. The wall
+/// clock in the gateway; a clock the test moves in tests.
+pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
+
 /// Every key's usage by name, and where the windows are shared.
-#[derive(Default)]
 pub struct UsageBook {
     entries: Mutex<HashMap<String, (u32, Arc<Usage>)>>,
     /// Redis, when limits are shared between replicas.
     shared: Option<super::shared::RedisLimits>,
+    clock: Clock,
+}
+
+impl Default for UsageBook {
+    fn default() -> Self {
+        Self::new(None)
+    }
 }
 
 impl std::fmt::Debug for UsageBook {
@@ -133,9 +143,19 @@ impl std::fmt::Debug for UsageBook {
 }
 
 impl UsageBook {
-    /// A book whose windows live in `shared` when given.
+    /// A book whose windows live in `shared` when given, on the wall clock.
     pub fn new(shared: Option<super::shared::RedisLimits>) -> Self {
-        Self { entries: Mutex::default(), shared }
+        Self::with_clock(shared, Arc::new(unix_seconds))
+    }
+
+    /// A book whose windows follow `clock`.
+    pub fn with_clock(shared: Option<super::shared::RedisLimits>, clock: Clock) -> Self {
+        Self { entries: Mutex::default(), shared, clock }
+    }
+
+    /// The window now: minutes since the Unix epoch.
+    pub fn minute(&self) -> u64 {
+        (self.clock)() / 60
     }
 
     /// The number and usage of the key named `name`, made on first use.
@@ -157,7 +177,7 @@ impl UsageBook {
         if limits.max_concurrent.is_some_and(|max| in_flight > max) {
             return Err(permit.refuse("max_concurrent", 1));
         }
-        let now = unix_seconds();
+        let now = (self.clock)();
         let minute = now / 60;
         let to_window_end = u32::try_from(60 - now % 60).unwrap_or(60);
         let verdict = match &self.shared {
@@ -235,7 +255,7 @@ impl Drop for Permit {
         let key = self.tenant.name.to_string();
         metrics::counter!(KEY_PROMPT_TOKENS, "key" => key.clone()).increment(self.prompt);
         metrics::counter!(KEY_COMPLETION_TOKENS, "key" => key).increment(self.completion);
-        let minute = unix_seconds() / 60;
+        let minute = self.book.minute();
         usage.local_tokens(minute, tokens);
         if let Some(shared) = &self.book.shared {
             shared.add_tokens(&self.tenant.name, minute, tokens);
@@ -308,5 +328,33 @@ mod tests {
         assert_eq!(a1, a2);
         assert_ne!(a1, b);
         assert!(Arc::ptr_eq(&u1, &u2));
+    }
+
+    /// On a clock the test moves: a window's requests and tokens are refused
+    /// past their limits with the seconds left in it, and a new window admits
+    /// again; tokens count in the window a request ends in.
+    #[tokio::test]
+    async fn windows_follow_the_books_clock() {
+        let now = Arc::new(AtomicU64::new(120 * 60 + 15));
+        let clock = now.clone();
+        let book =
+            Arc::new(UsageBook::with_clock(None, Arc::new(move || clock.load(Ordering::SeqCst))));
+        let key = KeyConfig { requests_per_minute: Some(2), tokens_per_minute: Some(100), ..key() };
+        let tenant = tenant(key, &book);
+        let mut first = book.admit(&tenant).await.unwrap();
+        drop(book.admit(&tenant).await.unwrap());
+        let refused = book.admit(&tenant).await.map(|_| ()).unwrap_err();
+        assert_eq!(refused.retry_after, Some(45), "{refused:?}");
+        // The first request ends in the next minute: its tokens count there.
+        now.store(121 * 60 + 59, Ordering::SeqCst);
+        first.tokens(60, 40);
+        drop(first);
+        assert_eq!(tenant.usage.window(121).tokens, 100);
+        let spent = book.admit(&tenant).await.map(|_| ()).unwrap_err();
+        assert!(spent.message.contains("tokens per minute"), "{spent:?}");
+        assert_eq!(spent.retry_after, Some(1));
+        now.store(122 * 60, Ordering::SeqCst);
+        drop(book.admit(&tenant).await.unwrap());
+        assert_eq!(book.minute(), 122);
     }
 }

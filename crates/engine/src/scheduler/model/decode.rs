@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::model::LlamaModel;
 use slotgate_protocol::{ApiError, FinishReason, TokenLogprob, TopLogprob};
 
@@ -19,43 +20,7 @@ impl ModelRuntime {
     pub(super) fn decode_and_sample(&mut self, outbox: &mut Outbox) -> (bool, Duration) {
         let Self { loaded, batch, slots, settings, id, aside, .. } = self;
         let capacity = settings.batch_size as usize;
-        batch.clear();
-        // Generating slots first, one token each: they keep streaming while long
-        // prompts are read in chunks with whatever room is left.
-        for slot in slots.iter_mut() {
-            let pos = slot.cache.len() as i32;
-            let Some(run) = slot.running.as_mut() else { continue };
-            run.logits_at = None;
-            if let Some(token) = run.next {
-                if (batch.n_tokens() as usize) < capacity
-                    && batch.add(token, pos, &[slot.id as i32], true).is_ok()
-                {
-                    run.logits_at = Some(batch.n_tokens() - 1);
-                }
-            }
-        }
-        let mut chunks: Vec<(usize, usize)> = Vec::new();
-        for (i, slot) in slots.iter_mut().enumerate() {
-            let Some(run) = slot.running.as_mut() else { continue };
-            if !run.in_prompt() {
-                continue;
-            }
-            let room = capacity - batch.n_tokens() as usize;
-            if room == 0 {
-                break;
-            }
-            let start = run.n_prompt_done;
-            let end = run.task.prompt.len().min(start + room);
-            for (k, &token) in run.task.prompt[start..end].iter().enumerate() {
-                let last = start + k + 1 == run.task.prompt.len();
-                // Cannot fail: room was counted above.
-                let _ = batch.add(token, (start + k) as i32, &[slot.id as i32], last);
-                if last {
-                    run.logits_at = Some(batch.n_tokens() - 1);
-                }
-            }
-            chunks.push((i, end - start));
-        }
+        let chunks = fill(batch, slots, capacity);
         if batch.n_tokens() == 0 {
             return (false, Duration::ZERO);
         }
@@ -64,15 +29,7 @@ impl ModelRuntime {
         let mut in_llama = llama_started.elapsed();
         if let Err(err) = decoded {
             tracing::error!(model = %id, error = %err, tokens = batch.n_tokens(), "decode failed");
-            for slot in slots.iter_mut() {
-                if let Some(run) = slot.running.take() {
-                    run.task.send(outbox, Event::Error(ApiError::internal()));
-                    loaded.with_dependent_mut(|_, c| {
-                        let _ = c.gen.clear_kv_cache_seq(Some(slot.id), None, None);
-                    });
-                    slot.cache.clear();
-                }
-            }
+            fail_all(loaded, slots, outbox);
             return (true, in_llama);
         }
         // Record what is now in each sequence's cache.
@@ -133,6 +90,66 @@ impl ModelRuntime {
         }
         // The model is let go of here, on the scheduler thread.
         drop(keep);
+    }
+}
+
+/// Fills `batch` from `slots`: generating slots first, one token each, so that
+/// they keep streaming while long prompts are read in chunks with whatever
+/// room is left. The prompt chunks added, as (slot, tokens).
+fn fill(
+    batch: &mut LlamaBatch<'static>,
+    slots: &mut [Slot],
+    capacity: usize,
+) -> Vec<(usize, usize)> {
+    batch.clear();
+    for slot in slots.iter_mut() {
+        let pos = slot.cache.len() as i32;
+        let Some(run) = slot.running.as_mut() else { continue };
+        run.logits_at = None;
+        if let Some(token) = run.next {
+            if (batch.n_tokens() as usize) < capacity
+                && batch.add(token, pos, &[slot.id as i32], true).is_ok()
+            {
+                run.logits_at = Some(batch.n_tokens() - 1);
+            }
+        }
+    }
+    let mut chunks: Vec<(usize, usize)> = Vec::new();
+    for (i, slot) in slots.iter_mut().enumerate() {
+        let Some(run) = slot.running.as_mut() else { continue };
+        if !run.in_prompt() {
+            continue;
+        }
+        let room = capacity - batch.n_tokens() as usize;
+        if room == 0 {
+            break;
+        }
+        let start = run.n_prompt_done;
+        let end = run.task.prompt.len().min(start + room);
+        for (k, &token) in run.task.prompt[start..end].iter().enumerate() {
+            let last = start + k + 1 == run.task.prompt.len();
+            // Cannot fail: room was counted above.
+            let _ = batch.add(token, (start + k) as i32, &[slot.id as i32], last);
+            if last {
+                run.logits_at = Some(batch.n_tokens() - 1);
+            }
+        }
+        chunks.push((i, end - start));
+    }
+    chunks
+}
+
+/// A failed decode: every running choice gets an error, and its sequence is
+/// cleared, since what the failed batch left in the cache is unknown.
+fn fail_all(loaded: &mut super::Loaded, slots: &mut [Slot], outbox: &mut Outbox) {
+    for slot in slots.iter_mut() {
+        if let Some(run) = slot.running.take() {
+            run.task.send(outbox, Event::Error(ApiError::internal()));
+            loaded.with_dependent_mut(|_, c| {
+                let _ = c.gen.clear_kv_cache_seq(Some(slot.id), None, None);
+            });
+            slot.cache.clear();
+        }
     }
 }
 

@@ -8,6 +8,7 @@ mod admission;
 mod decode;
 mod prompt;
 mod reader;
+mod templates;
 mod vocab;
 
 use std::collections::VecDeque;
@@ -27,10 +28,8 @@ use super::embed::EmbedWork;
 use super::host_cache::HostCache;
 use super::job::{Event, Outbox, Task};
 use super::slot::Slot;
-use crate::config::{ModelSettings, TemplateChoice};
+use crate::config::ModelSettings;
 use crate::error::EngineError;
-use crate::template::jinja::JinjaTemplate;
-use crate::template::ChatTemplate;
 pub use reader::{ReadJob, Reader};
 pub use vocab::{VocabAnswer, VocabOp};
 
@@ -137,37 +136,9 @@ impl ModelRuntime {
         // The GGUF's own template, read once: it picks `auto`, and `/props` shows it.
         let own_template = model.chat_template(None).ok();
         let own_template = own_template.and_then(|t| t.to_string().ok());
-        let mut template = match settings.template() {
-            TemplateChoice::Fixed(t) => t,
-            TemplateChoice::Auto => ChatTemplate::auto(own_template.is_some(), &architecture),
-        };
-        if matches!(template, ChatTemplate::Model | ChatTemplate::Jinja)
-            && own_template.is_none()
-            && settings.chat_template_file.is_none()
-        {
-            return Err(load_err(format!(
-                "chat_template `{}`: the GGUF has no chat template",
-                template.name()
-            )));
-        }
-        let jinja = if template == ChatTemplate::Jinja {
-            let jinja = jinja_template(&model, &settings, own_template.as_deref());
-            match jinja {
-                Ok(jinja) => Some(jinja),
-                Err(reason) if settings.chat_template.as_str() != "auto" => {
-                    return Err(load_err(reason))
-                }
-                Err(reason) => {
-                    // `auto` does not refuse a model whose template minijinja cannot
-                    // read: llama.cpp's detection renders it instead, without tools.
-                    tracing::warn!(%reason, "the GGUF's template is not usable as Jinja; llama.cpp renders it");
-                    template = ChatTemplate::Model;
-                    None
-                }
-            }
-        } else {
-            None
-        };
+        let (template, jinja) =
+            templates::choose(&model, &settings, own_template.as_deref(), &architecture)
+                .map_err(load_err)?;
         let info = std::sync::Arc::new(ModelInfo {
             path: path.display().to_string(),
             ctx_len: settings.ctx_len,
@@ -186,14 +157,7 @@ impl ModelRuntime {
             },
         });
         let n_parallel = settings.n_parallel;
-        let threads = settings.threads() as i32;
-        let ctx_params = LlamaContextParams::default()
-            .with_n_ctx(NonZeroU32::new(settings.ctx_len * n_parallel))
-            .with_n_seq_max(n_parallel)
-            .with_n_batch(settings.batch_size)
-            .with_n_ubatch(settings.batch_size)
-            .with_n_threads(threads)
-            .with_n_threads_batch(threads);
+        let ctx_params = context_params(&settings);
         let embedding = settings.embedding;
         let embed_params = super::embed::context_params(&settings);
         let model = std::sync::Arc::new(model);
@@ -342,22 +306,18 @@ impl ModelRuntime {
     }
 }
 
-/// The Jinja template a model renders with: `chat_template_file`, else the GGUF's,
-/// compiled with the model's own start and end tokens.
-fn jinja_template(
-    model: &LlamaModel,
-    settings: &ModelSettings,
-    own: Option<&str>,
-) -> Result<JinjaTemplate, String> {
-    let source = match &settings.chat_template_file {
-        Some(file) => std::fs::read_to_string(file)
-            .map_err(|e| format!("chat_template_file {}: {e}", file.display()))?,
-        None => own.ok_or("the GGUF has no chat template")?.to_owned(),
-    };
-    let vocab = model.vocab();
-    let piece = |t| String::from_utf8_lossy(&vocab.token_to_piece(t, true, None)).into_owned();
-    JinjaTemplate::new(source, piece(vocab.bos()), piece(vocab.eos()))
-        .map_err(|e| format!("the chat template does not parse as Jinja: {e}"))
+/// The generation context's settings: a window of `ctx_len` per slot, and as
+/// many sequences as slots.
+fn context_params(settings: &ModelSettings) -> LlamaContextParams {
+    let threads = settings.threads() as i32;
+    let n_parallel = settings.n_parallel;
+    LlamaContextParams::default()
+        .with_n_ctx(NonZeroU32::new(settings.ctx_len * n_parallel))
+        .with_n_seq_max(n_parallel)
+        .with_n_batch(settings.batch_size)
+        .with_n_ubatch(settings.batch_size)
+        .with_n_threads(threads)
+        .with_n_threads_batch(threads)
 }
 
 /// The model's `meta` as llama-server lists it in `/v1/models`.
