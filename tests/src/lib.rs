@@ -161,6 +161,25 @@ pub fn gateway_with_config(config: &Path, env: &[(&str, &str)]) -> Process {
     Process::start_with_env(&binary("slotgate"), &["--config", config], &env)
 }
 
+/// libfaketime, from Debian's `faketime` (see `scripts/install-deps`).
+const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+/// A wall clock that starts at the start of the current minute, for the
+/// processes given this environment (libfaketime; their monotonic clocks,
+/// which timers run on, are left alone). Per-minute limits count in windows
+/// of the wall clock: a test of them started on this clock runs inside one
+/// window, without waiting for the next to begin. Processes given the same
+/// clock agree on it.
+pub fn clock_at_a_minutes_start() -> Vec<(&'static str, String)> {
+    assert!(Path::new(FAKETIME).exists(), "{FAKETIME} is missing: run scripts/install-deps");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    vec![
+        ("LD_PRELOAD", FAKETIME.to_owned()),
+        ("FAKETIME", format!("-{}s", now.as_secs() % 60)),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_owned()),
+    ]
+}
+
 /// A file written by a test, removed when dropped.
 pub struct TempFile {
     /// Where it is.

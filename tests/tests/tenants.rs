@@ -82,14 +82,16 @@ async fn get_as(client: &reqwest::Client, url: &str, key: &str) -> Value {
     client.get(url).bearer_auth(key).send().await.expect("request").json().await.expect("json")
 }
 
-/// Waits until the current minute has at least `needed` seconds left, so that
-/// a test of per-minute limits runs inside one window.
-async fn inside_one_minute(needed: u64) {
-    let second =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() % 60;
-    if 60 - second < needed {
-        tokio::time::sleep(Duration::from_secs(61 - second)).await;
-    }
+/// `env` and a wall clock at a minute's start
+/// ([`clock_at_a_minutes_start`]), for a gateway whose per-minute limits a
+/// test counts.
+fn in_one_minute<'a>(
+    clock: &'a [(&'static str, String)],
+    env: &[(&'a str, &'a str)],
+) -> Vec<(&'a str, &'a str)> {
+    let mut env = env.to_vec();
+    env.extend(clock.iter().map(|(k, v)| (*k, v.as_str())));
+    env
 }
 
 /// The SDK's errors for each refusal, Retry-After honoured, tokens counted from
@@ -115,8 +117,9 @@ priority = "batch"
 allowed_origins = ["http://127.0.0.1:3000"]
 "#
     );
-    let team_c = [("SLOTGATE_TEST_TEAM_C_KEY", "sk-team-c")];
-    let (_config, gateway) = keyed_gateway(&(settings(&[&engine.url]) + &keys), 1, &team_c).await;
+    let clock = clock_at_a_minutes_start();
+    let env = in_one_minute(&clock, &[("SLOTGATE_TEST_TEAM_C_KEY", "sk-team-c")]);
+    let (_config, gateway) = keyed_gateway(&(settings(&[&engine.url]) + &keys), 1, &env).await;
     let url = gateway.url.clone();
     let out =
         tokio::task::spawn_blocking(move || python_client("tenants.py", &[&url, MODEL, ADMIN]))
@@ -217,8 +220,9 @@ async fn a_reload_adds_a_backend_and_changes_a_limit_while_a_stream_runs() {
         let key = "[[keys]]\nname = \"team-a\"\nkey = \"sk-team-a\"\n";
         settings(backends) + key + &format!("requests_per_minute = {rpm}\n")
     };
-    inside_one_minute(40).await;
-    let (config, gateway) = keyed_gateway(&write(&[&one.url], 1000), 1, &[]).await;
+    let clock = clock_at_a_minutes_start();
+    let env = in_one_minute(&clock, &[]);
+    let (config, gateway) = keyed_gateway(&write(&[&one.url], 1000), 1, &env).await;
     let client = client();
     let url = format!("{}/v1/completions", gateway.url);
     let running = {
@@ -278,8 +282,9 @@ async fn a_reload_adds_a_backend_and_changes_a_limit_while_a_stream_runs() {
 async fn an_abandoned_stream_is_charged_to_its_key() {
     let one = engine(&["--n-parallel", "1", "--ctx-len", "512", "--threads", "1"]);
     let key = "[[keys]]\nname = \"team-a\"\nkey = \"sk-team-a\"\n";
-    inside_one_minute(30).await;
-    let (_config, gateway) = keyed_gateway(&(settings(&[&one.url]) + key), 1, &[]).await;
+    let clock = clock_at_a_minutes_start();
+    let env = in_one_minute(&clock, &[]);
+    let (_config, gateway) = keyed_gateway(&(settings(&[&one.url]) + key), 1, &env).await;
     let client = client();
     let url = format!("{}/v1/completions", gateway.url);
     let mut body = completion("Once upon a time", 200);
@@ -478,7 +483,10 @@ async fn two_replicas_on_one_redis_enforce_one_limit() {
             redis.url, engine.url
         ),
     );
-    let replicas = [gateway_with_config(&config.path, &[]), gateway_with_config(&config.path, &[])];
+    let clock = clock_at_a_minutes_start();
+    let env = in_one_minute(&clock, &[]);
+    let replicas =
+        [gateway_with_config(&config.path, &env), gateway_with_config(&config.path, &env)];
     let client = client();
     let metrics = |g: &Process| format!("{}/metrics", g.url);
     for g in &replicas {
@@ -497,7 +505,6 @@ async fn two_replicas_on_one_redis_enforce_one_limit() {
         .await;
         assert!(healthy);
     }
-    inside_one_minute(20).await;
     let mut statuses = Vec::new();
     for i in 0..6 {
         let url = format!("{}/v1/completions", replicas[i % 2].url);
