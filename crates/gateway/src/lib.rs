@@ -24,9 +24,12 @@
 //! - [`metrics`]: the names of what is exported to Prometheus.
 //!
 //! A request's path: `serve::workers` accepts it, `serve::routes` finds the
-//! endpoint and `tenancy` the caller; `proxy::Forwarder` peeks at the body, asks
-//! `fleet::pool` for a slot (waiting in its queue if none is free), sends the
-//! body through `proxy::upstream` and relays the answer.
+//! endpoint and `tenancy` the caller; `proxy::Forwarder` reads and readies the
+//! body and admits the caller's key (`proxy::prepare`), asks `fleet::pool` for
+//! a slot (waiting in its queue if none is free), sends the body through
+//! `proxy::upstream` (`proxy::attempt`) as often as its `proxy::retry::Course`
+//! allows, and relays the answer. Every request the gateway makes of a backend,
+//! its own health checks and reads included, goes through that one client.
 
 pub mod config;
 pub mod fleet;
