@@ -592,6 +592,22 @@ async fn openai_python_sdk_chats_streamed_and_not() {
     assert!(out.contains("openai sdk: ok"), "{out}");
 }
 
+/// Anthropic's Python SDK, unchanged, against the engine: messages whole and
+/// streamed, a tool called and its result sent back, tokens counted, and the
+/// SDK's own exceptions for bad requests.
+#[tokio::test]
+async fn anthropic_python_sdk_messages_tools_and_errors() {
+    let engine = engine(&["--n-parallel", "2", "--ctx-len", "1024"]);
+    let out = tokio::task::spawn_blocking(move || {
+        let out = python_client("anthropic_client.py", &[&engine.url, MODEL]);
+        drop(engine);
+        out
+    })
+    .await
+    .unwrap();
+    assert!(out.contains("anthropic sdk: ok"), "{out}");
+}
+
 /// Every kind of answer validates against OpenAI's published OpenAPI document
 /// (a copy in `tests/openai-openapi`): required fields such as a chat
 /// message's `refusal` included.

@@ -130,6 +130,35 @@ allowed_origins = ["http://127.0.0.1:3000"]
     drop(engine);
 }
 
+/// Anthropic's SDK through the gateway with a key in `x-api-key`: everything
+/// it does against the engine, and the gateway's own refusals in Anthropic's
+/// envelope; the key is charged for the tokens of its Messages requests.
+#[tokio::test]
+async fn anthropic_sdk_through_the_gateway_with_a_key() {
+    let engine = engine(&["--n-parallel", "2", "--ctx-len", "1024"]);
+    let key = "[[keys]]\nname = \"team-a\"\nkey = \"sk-team-a\"\n";
+    let (_config, gateway) = keyed_gateway(&(settings(&[&engine.url]) + key), 1, &[]).await;
+    let url = gateway.url.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        python_client("anthropic_client.py", &[&url, MODEL, "sk-team-a"])
+    })
+    .await
+    .unwrap();
+    assert!(out.contains("anthropic sdk: ok"), "{out}");
+    let client = client();
+    let body =
+        json!({"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]});
+    let messages = format!("{}/v1/messages", gateway.url);
+    let (status, _, refused) = post_as(&client, &messages, None, &[], &body).await;
+    assert_eq!(status, 401, "{refused}");
+    assert_eq!(refused["type"], "error", "{refused}");
+    assert_eq!(refused["error"]["type"], "authentication_error", "{refused}");
+    let keys = get_as(&client, &format!("{}/admin/keys", gateway.url), ADMIN).await;
+    let usage = &keys["keys"][0]["usage"];
+    assert!(usage["prompt_tokens"].as_u64() > Some(0), "{keys}");
+    assert!(usage["completion_tokens"].as_u64() > Some(0), "{keys}");
+}
+
 /// One slot, one key with six requests queued, then another key's one: the
 /// other key's request is served at the next release, not after the six.
 #[tokio::test]

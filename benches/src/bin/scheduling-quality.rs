@@ -152,6 +152,8 @@ async fn main() -> anyhow::Result<()> {
                     ("SLOTGATE_ROUTING__POLICY", policy),
                     ("SLOTGATE_ROUTING__HEALTH_INTERVAL_MS", "100"),
                     ("SLOTGATE_ROUTING__HEALTHY_THRESHOLD", "1"),
+                    // `ready` reads the admin API, closed without a key but for this.
+                    ("SLOTGATE_AUTH__ADMIN_LOOPBACK", "true"),
                     ("SLOTGATE_ROUTING__QUEUE_TIMEOUT_MS", "2000"),
                     ("RUST_LOG", "error"),
                 ],

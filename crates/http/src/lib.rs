@@ -12,8 +12,9 @@ use std::sync::OnceLock;
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use http_body_util::BodyExt as _;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use slotgate_protocol::{ApiError, ErrorType};
+use slotgate_protocol::{ApiError, ErrorEnvelope, ErrorType};
 
 /// Marks `response` as a stream of server-sent events: its type, no caching,
 /// and no buffering by a proxy in front (nginx's `x-accel-buffering`), so each
@@ -23,6 +24,29 @@ pub fn event_stream(response: &mut Response) {
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+}
+
+/// Puts every error answer of the Messages routes in Anthropic's envelope,
+/// with its status (529 for OpenAI's 503), so that the `anthropic` SDK raises
+/// the exception its callers catch; whatever produced it (the body extractor,
+/// the model lookup, the scheduler, a gateway's key check) answered in OpenAI's.
+pub async fn anthropic_errors(response: Response) -> Response {
+    if response.status().is_success() {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let bytes = http_body_util::Limited::new(body, 1 << 20).collect().await;
+    let err = bytes
+        .ok()
+        .and_then(|b| serde_json::from_slice::<ErrorEnvelope>(&b.to_bytes()).ok())
+        .map_or_else(ApiError::internal, |e| e.error);
+    let (status, envelope) = slotgate_protocol::anthropic::error(&err);
+    let mut out = axum::Json(envelope).into_response();
+    *out.status_mut() = StatusCode::from_u16(status).unwrap_or(parts.status);
+    if let Some(retry) = parts.headers.get(header::RETRY_AFTER) {
+        out.headers_mut().insert(header::RETRY_AFTER, retry.clone());
+    }
+    out
 }
 
 /// Seconds a client is told to wait before retrying a 503.

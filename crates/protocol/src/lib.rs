@@ -4,6 +4,7 @@
 //! Pure types and functions; no I/O. Requests accept what the official SDKs send,
 //! unknown fields included (they are ignored); responses are what they parse.
 
+pub mod anthropic;
 pub mod chat;
 pub mod common;
 pub mod completions;

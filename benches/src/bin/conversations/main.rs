@@ -149,6 +149,8 @@ async fn main() -> anyhow::Result<()> {
                         ("SLOTGATE_ROUTING__POLICY", route),
                         ("SLOTGATE_ROUTING__HEALTH_INTERVAL_MS", "200"),
                         ("SLOTGATE_ROUTING__HEALTHY_THRESHOLD", "1"),
+                        // `ready` reads the admin API, closed without a key but for this.
+                        ("SLOTGATE_AUTH__ADMIN_LOOPBACK", "true"),
                     ],
                 );
                 ready(&client, &gw, 2).await;

@@ -145,6 +145,8 @@ async fn start_gateway(backend: &str, health_ms: &str) -> anyhow::Result<Process
         &[
             ("SLOTGATE_ROUTING__HEALTH_INTERVAL_MS", health_ms),
             ("SLOTGATE_ROUTING__HEALTHY_THRESHOLD", "1"),
+            // `ready` reads the admin API, closed without a key but for this.
+            ("SLOTGATE_AUTH__ADMIN_LOOPBACK", "true"),
             ("RUST_LOG", "warn"),
         ],
     );

@@ -35,8 +35,19 @@ const ARGUMENT_PIECES: usize = 4;
 pub async fn chat(
     State(state): State<AppState>,
     headers: axum::http::HeaderMap,
-    JsonBody(mut req): JsonBody<ChatCompletionRequest>,
+    JsonBody(req): JsonBody<ChatCompletionRequest>,
 ) -> Result<Response, EngineError> {
+    respond(&state, &headers, req).await
+}
+
+/// The answer to a chat request, streamed or whole: what `/v1/chat/completions`
+/// answers, and what `/v1/messages` translates.
+pub(super) async fn respond(
+    state: &AppState,
+    headers: &axum::http::HeaderMap,
+    mut req: ChatCompletionRequest,
+) -> Result<Response, EngineError> {
+    let state = state.clone();
     let served = resolve_model(&state, &mut req.model)?;
     req.validate()?;
     let mut plan = ToolPlan::read(&req)?;
@@ -62,7 +73,7 @@ pub async fn chat(
     let logprobs = params.logprobs.is_some();
     let writer = ChatChunks { id, created, model, logprobs, plan, held };
     let streamed = streamed(&state, &req.sampling);
-    let events = run(&state, &served, input, params, streamed.is_some(), &headers).await?;
+    let events = run(&state, &served, input, params, streamed.is_some(), headers).await?;
     let answer = answer::respond(events, writer, shape, streamed, |writer, done| {
         let usage = done.usage.clone();
         let choices = done
@@ -95,7 +106,7 @@ pub async fn chat(
 /// template with a tool section as they are (a required call constrained to
 /// its format), or else written into the messages in the generic form, whose
 /// grammar constrains the answer.
-fn with_tools(
+pub(super) fn with_tools(
     plan: Option<&mut ToolPlan>,
     native: Option<CallFormat>,
     params: &mut GenParams,

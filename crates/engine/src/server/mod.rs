@@ -8,6 +8,7 @@ mod body;
 mod chat;
 mod events;
 mod generate;
+mod messages;
 mod recorded;
 mod tokens;
 
@@ -49,7 +50,13 @@ pub struct AppState {
 pub fn router(state: AppState) -> Router {
     let limit = state.config.server.max_body_bytes;
     // Every answer of these is counted once (`recorded.rs`).
+    // Anthropic's Messages API, its errors in Anthropic's envelope.
+    let messages = Router::new()
+        .route("/v1/messages", post(messages::messages))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
+        .route_layer(axum::middleware::map_response(slotgate_http::anthropic_errors));
     let generation = Router::new()
+        .merge(messages)
         .route("/v1/chat/completions", post(chat::chat))
         .route("/v1/completions", post(generate::completions))
         .route("/v1/embeddings", post(generate::embeddings))

@@ -12,6 +12,11 @@ static PROMPT: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"prom
 static COMPLETION: LazyLock<Finder<'static>> =
     LazyLock::new(|| Finder::new(b"\"completion_tokens\""));
 static CACHED: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"cached_tokens\""));
+// Anthropic's Messages API: `input_tokens` are those not read from the cache.
+static INPUT: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"input_tokens\""));
+static OUTPUT: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"output_tokens\""));
+static CACHE_READ: LazyLock<Finder<'static>> =
+    LazyLock::new(|| Finder::new(b"\"cache_read_input_tokens\""));
 
 /// Tokens of one answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,10 +35,19 @@ pub struct Usage {
 pub fn scan(bytes: &[u8]) -> Option<Usage> {
     let at = USAGE.rfind(bytes)?;
     let usage = &bytes[at..];
-    let prompt = number_after(usage, &PROMPT)?;
+    let Some(prompt) = number_after(usage, &PROMPT) else { return messages(usage) };
     let completion = number_after(usage, &COMPLETION).unwrap_or(0);
     let cached = number_after(usage, &CACHED).unwrap_or(0);
     Some(Usage { prompt, completion, cached })
+}
+
+/// The usage of a Messages answer or event (`message_delta`): its prompt is
+/// the tokens decoded and those read from the cache together.
+fn messages(usage: &[u8]) -> Option<Usage> {
+    let cached = number_after(usage, &CACHE_READ)?;
+    let input = number_after(usage, &INPUT).unwrap_or(0);
+    let completion = number_after(usage, &OUTPUT).unwrap_or(0);
+    Some(Usage { prompt: input + cached, completion, cached })
 }
 
 /// The unsigned number that follows the key `finder` finds, and its colon.
@@ -57,5 +71,7 @@ mod tests {
         assert_eq!(scan(br#"{"usage":null}"#), None);
         assert_eq!(scan(br#"data: {"choices":[{"delta":{"content":"usage"}}]}"#), None);
         assert_eq!(scan(br#"data: {"choices":[{"delta":{"content":""usage""}}]}"#), None);
+        let messages = b"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"input_tokens\":4,\"output_tokens\":9,\"cache_read_input_tokens\":6}}\n\n";
+        assert_eq!(scan(messages), Some(Usage { prompt: 10, completion: 9, cached: 6 }));
     }
 }

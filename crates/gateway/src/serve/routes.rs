@@ -37,7 +37,8 @@ use crate::serve::app::{App, AppState};
 /// The endpoints forwarded to a backend, by path, and the path they are sent to;
 /// POST only. The paths without `/v1` are llama-server's aliases, which clients
 /// written for it send; `/tokenize`, `/detokenize` and `/apply-template` are its own endpoints.
-pub(crate) const FORWARDED: [(&str, &str); 9] = [
+/// `/v1/messages` is Anthropic's Messages API, which the engines serve.
+pub(crate) const FORWARDED: [(&str, &str); 11] = [
     ("/v1/chat/completions", "/v1/chat/completions"),
     ("/v1/completions", "/v1/completions"),
     ("/v1/embeddings", "/v1/embeddings"),
@@ -47,6 +48,8 @@ pub(crate) const FORWARDED: [(&str, &str); 9] = [
     ("/tokenize", "/tokenize"),
     ("/detokenize", "/detokenize"),
     ("/apply-template", "/apply-template"),
+    ("/v1/messages", "/v1/messages"),
+    ("/v1/messages/count_tokens", "/v1/messages/count_tokens"),
 ];
 
 /// The gateway's HTTP service, one per worker thread.
@@ -88,6 +91,8 @@ impl Service<Request<Incoming>> for Routes {
         let origin = (!live.cors.is_off()).then(|| request.headers().get(header::ORIGIN).cloned());
         let path = request.uri().path();
         let forwarded = FORWARDED.into_iter().find(|(alias, _)| *alias == path).map(|(_, to)| to);
+        // Anthropic's clients read errors in Anthropic's envelope.
+        let anthropic = path.starts_with("/v1/messages");
         let answer: Self::Future = match forwarded.filter(|_| request.method() == Method::POST) {
             Some(path) => {
                 let (app, limit) = (self.app.clone(), (self.max_body_bytes, self.body_timeout));
@@ -102,6 +107,11 @@ impl Service<Request<Incoming>> for Routes {
                 let answer = self.router.call(request);
                 Box::pin(async move { answer.await.map(IntoResponse::into_response) })
             }
+        };
+        let answer: Self::Future = if anthropic {
+            Box::pin(async move { Ok(slotgate_http::anthropic_errors(answer.await?).await) })
+        } else {
+            answer
         };
         match origin {
             None => answer,
@@ -162,6 +172,8 @@ fn router(app: Arc<App>, max_body_bytes: usize) -> Router {
         .route("/tokenize", post(not_here))
         .route("/detokenize", post(not_here))
         .route("/apply-template", post(not_here))
+        .route("/v1/messages", post(not_here))
+        .route("/v1/messages/count_tokens", post(not_here))
         .route("/props", get(props))
         .route("/v1/models", get(models))
         .route("/models", get(models))
