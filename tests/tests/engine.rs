@@ -608,6 +608,22 @@ async fn anthropic_python_sdk_messages_tools_and_errors() {
     assert!(out.contains("anthropic sdk: ok"), "{out}");
 }
 
+/// OpenAI's Python SDK's Responses API, unchanged, against the engine:
+/// whole and streamed, stored and continued warm by `previous_response_id`,
+/// a function tool's call and output, input tokens, delete, and its errors.
+#[tokio::test]
+async fn openai_python_sdk_responses_store_continue_and_call_tools() {
+    let engine = engine(&["--n-parallel", "2", "--ctx-len", "1024"]);
+    let out = tokio::task::spawn_blocking(move || {
+        let out = python_client("responses_client.py", &[&engine.url, MODEL]);
+        drop(engine);
+        out
+    })
+    .await
+    .unwrap();
+    assert!(out.contains("responses sdk: ok"), "{out}");
+}
+
 /// Every kind of answer validates against OpenAI's published OpenAPI document
 /// (a copy in `tests/openai-openapi`): required fields such as a chat
 /// message's `refusal` included.

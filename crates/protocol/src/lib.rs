@@ -13,6 +13,7 @@ pub mod error;
 pub mod logprobs;
 pub mod models;
 pub mod parse;
+pub mod responses;
 pub mod slots;
 pub mod sse;
 pub mod tokens;

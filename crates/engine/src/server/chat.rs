@@ -23,7 +23,7 @@ use super::body::JsonBody;
 use super::generate::{now, resolve_model, run, streamed};
 use super::AppState;
 use crate::error::EngineError;
-use crate::scheduler::{GenParams, JobInput};
+use crate::scheduler::{GenParams, JobInput, Served};
 use crate::tools::calls::{CallPiece, CallReader};
 use crate::tools::reply::ReplyReader;
 use crate::tools::{self, CallFormat, ToolPlan};
@@ -47,8 +47,18 @@ pub(super) async fn respond(
     headers: &axum::http::HeaderMap,
     mut req: ChatCompletionRequest,
 ) -> Result<Response, EngineError> {
+    let served = resolve_model(state, &mut req.model)?;
+    respond_by(state, headers, req, served).await
+}
+
+/// As [`respond`], by the model `served` (`req.model` is its id).
+pub(super) async fn respond_by(
+    state: &AppState,
+    headers: &axum::http::HeaderMap,
+    mut req: ChatCompletionRequest,
+    served: Served,
+) -> Result<Response, EngineError> {
     let state = state.clone();
-    let served = resolve_model(&state, &mut req.model)?;
     req.validate()?;
     let mut plan = ToolPlan::read(&req)?;
     let mut params = GenParams::from_sampling(&req.sampling, req.max_tokens());
@@ -100,6 +110,28 @@ pub(super) async fn respond(
         .into_response()
     });
     Ok(answer.await?)
+}
+
+/// The tokens of the prompt `chat` renders to, its tools included: what
+/// `count_tokens` and `input_tokens` answer.
+pub(super) async fn prompt_tokens(
+    state: &AppState,
+    mut chat: ChatCompletionRequest,
+) -> Result<u32, EngineError> {
+    let served = resolve_model(state, &mut chat.model)?;
+    chat.validate()?;
+    let mut plan = ToolPlan::read(&chat)?;
+    let mut params = GenParams::from_sampling(&chat.sampling, chat.max_tokens());
+    params.grammar = crate::constrain::grammar(
+        chat.sampling.grammar.as_deref(),
+        chat.sampling.json_schema.as_ref(),
+        chat.response_format.as_ref(),
+    )?;
+    let messages = std::mem::take(&mut chat.messages);
+    let input = with_tools(plan.as_mut(), served.info.tool_format, &mut params, messages)?;
+    let reader = served.reader.clone();
+    let read = state.scheduler.off_loop(move || reader.read(&input, &params)).await??;
+    Ok(read.prompts.first().map_or(0, |(tokens, _)| tokens.len() as u32))
 }
 
 /// The job's input with the request's tools, if it has any: given to a

@@ -10,6 +10,9 @@ mod events;
 mod generate;
 mod messages;
 mod recorded;
+mod responses;
+mod restream;
+mod stored;
 mod tokens;
 
 use std::future::Future;
@@ -44,6 +47,8 @@ pub struct AppState {
     pub draining: CancellationToken,
     /// The gateway replicas following `/slots/events`.
     pub followers: Arc<events::Followers>,
+    /// Stored responses of the Responses API.
+    pub responses: Arc<stored::Store>,
 }
 
 /// The engine's routes.
@@ -57,6 +62,8 @@ pub fn router(state: AppState) -> Router {
         .route_layer(axum::middleware::map_response(slotgate_http::anthropic_errors));
     let generation = Router::new()
         .merge(messages)
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/input_tokens", post(responses::input_tokens))
         .route("/v1/chat/completions", post(chat::chat))
         .route("/v1/completions", post(generate::completions))
         .route("/v1/embeddings", post(generate::embeddings))
@@ -67,6 +74,7 @@ pub fn router(state: AppState) -> Router {
         .route_layer(axum::middleware::from_fn(recorded::record));
     Router::new()
         .merge(generation)
+        .route("/v1/responses/{id}", get(responses::get).delete(responses::delete))
         .route("/v1/models", get(admin::models))
         .route("/models", get(admin::models))
         .route("/v1/models/load", post(admin::load))
@@ -139,6 +147,7 @@ pub async fn serve(
         metrics: crate::metrics::handle(),
         draining: draining.clone(),
         followers: Arc::default(),
+        responses: Arc::default(),
     };
     let app = router(state);
     let signal = draining.clone();
