@@ -94,7 +94,37 @@ def main() -> None:
     r = client.post("/v1/chat/completions", json={**chat, "temperature": 7})
     assert r.status_code == 400, r.text
     check("ErrorResponse", r.json())
-    print(f"valid: chat ({', '.join(variants)}), {chunks} chunks, completion, models, error")
+
+    # The Responses API: whole answers and every streamed event.
+    ask = {"model": model, "input": "Say hello.", "max_output_tokens": 6, "temperature": 0}
+    responses = {
+        "plain": ask,
+        "instructions": {**ask, "instructions": "Be brief.", "metadata": {"team": "a"}},
+        "json_schema": {**ask, "max_output_tokens": 12, "text": {"format": {"type": "json_schema", "name": "n",
+            "schema": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}},
+        "tools": {**ask, "max_output_tokens": 60, "tool_choice": "required", "tools": [
+            {"type": "function", "name": "greet", "strict": True, "parameters": {"type": "object",
+                "properties": {"tone": {"enum": ["warm", "formal"]}}, "required": ["tone"],
+                "additionalProperties": False}}]},
+    }
+    events = 0
+    for name, body in responses.items():
+        r = client.post("/v1/responses", json=body)
+        assert r.status_code == 200, (name, r.text)
+        check("Response", r.json())
+        if name == "tools":
+            assert r.json()["output"][0]["type"] == "function_call", r.json()
+        with client.stream("POST", "/v1/responses", json={**body, "stream": True}) as s:
+            assert s.status_code == 200
+            for line in s.iter_lines():
+                if line.startswith("data: "):
+                    check("ResponseStreamEvent", json.loads(line[len("data: "):]))
+                    events += 1
+    r = client.post("/v1/responses", json={**ask, "previous_response_id": "resp_gone"})
+    assert r.status_code == 404, r.text
+    check("ErrorResponse", r.json())
+    print(f"valid: chat ({', '.join(variants)}), {chunks} chunks, completion, models, error, "
+          f"responses ({', '.join(responses)}), {events} events")
 
 
 if __name__ == "__main__":

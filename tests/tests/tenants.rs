@@ -159,6 +159,54 @@ async fn anthropic_sdk_through_the_gateway_with_a_key() {
     assert!(usage["completion_tokens"].as_u64() > Some(0), "{keys}");
 }
 
+/// OpenAI's Responses API through a keyed gateway over two engines: the SDK
+/// works unchanged, every follow-up goes to the engine that stored the
+/// response it continues (and is served warm there), and a stored response is
+/// found only by the key that made it.
+#[tokio::test]
+async fn responses_follow_their_engine_and_their_key_through_the_gateway() {
+    let one = engine(&["--n-parallel", "2", "--ctx-len", "1024"]);
+    let two = engine(&["--n-parallel", "2", "--ctx-len", "1024"]);
+    let keys = "[[keys]]\nname = \"team-a\"\nkey = \"sk-team-a\"\n\
+                [[keys]]\nname = \"team-b\"\nkey = \"sk-team-b\"\n";
+    let (_config, gateway) = keyed_gateway(&(settings(&[&one.url, &two.url]) + keys), 2, &[]).await;
+    let url = gateway.url.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        python_client("responses_client.py", &[&url, MODEL, "sk-team-a"])
+    })
+    .await
+    .unwrap();
+    assert!(out.contains("responses sdk: ok"), "{out}");
+    let client = client();
+    let create = format!("{}/v1/responses", gateway.url);
+    let ask = |previous: Option<&str>| {
+        json!({"model": MODEL, "input": "Tell me more.", "max_output_tokens": 3,
+            "temperature": 0, "previous_response_id": previous})
+    };
+    let (status, _, first) = post_as(&client, &create, Some("sk-team-a"), &[], &ask(None)).await;
+    assert_eq!(status, 200, "{first}");
+    let mut previous = first["id"].as_str().unwrap().to_owned();
+    for turn in 0..4 {
+        let (status, _, next) =
+            post_as(&client, &create, Some("sk-team-a"), &[], &ask(Some(&previous))).await;
+        assert_eq!(status, 200, "turn {turn}: {next}");
+        let cached = &next["usage"]["input_tokens_details"]["cached_tokens"];
+        assert!(cached.as_u64() > Some(0), "turn {turn} was not warm: {next}");
+        previous = next["id"].as_str().unwrap().to_owned();
+    }
+    let stored = format!("{}/v1/responses/{previous}", gateway.url);
+    let mine = client.get(&stored).bearer_auth("sk-team-a").send().await.unwrap();
+    assert_eq!(mine.status(), 200);
+    let theirs = client.get(&stored).bearer_auth("sk-team-b").send().await.unwrap();
+    assert_eq!(theirs.status(), 404, "another key reads nothing");
+    let (status, _, refused) =
+        post_as(&client, &create, Some("sk-team-b"), &[], &ask(Some(&previous))).await;
+    assert_eq!((status, &refused["error"]["code"]), (404, &json!("previous_response_not_found")));
+    let gone = ask(Some("resp_0123456789abcdef0000"));
+    let (status, _, refused) = post_as(&client, &create, Some("sk-team-a"), &[], &gone).await;
+    assert_eq!((status, &refused["error"]["param"]), (404, &json!("previous_response_id")));
+}
+
 /// One slot, one key with six requests queued, then another key's one: the
 /// other key's request is served at the next release, not after the six.
 #[tokio::test]

@@ -6,7 +6,10 @@ use std::sync::OnceLock;
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
-fn nonce() -> u64 {
+/// This process's random 64 bits: in every id it makes, and in `/health` as
+/// `instance`, so that a gateway can send a stored response's follow-ups to
+/// the engine that holds it.
+pub fn nonce() -> u64 {
     static NONCE: OnceLock<u64> = OnceLock::new();
     *NONCE.get_or_init(rand::random)
 }

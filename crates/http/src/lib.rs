@@ -41,11 +41,15 @@ pub async fn anthropic_errors(response: Response) -> Response {
         .and_then(|b| serde_json::from_slice::<ErrorEnvelope>(&b.to_bytes()).ok())
         .map_or_else(ApiError::internal, |e| e.error);
     let (status, envelope) = slotgate_protocol::anthropic::error(&err);
-    let mut out = axum::Json(envelope).into_response();
-    *out.status_mut() = StatusCode::from_u16(status).unwrap_or(parts.status);
-    if let Some(retry) = parts.headers.get(header::RETRY_AFTER) {
-        out.headers_mut().insert(header::RETRY_AFTER, retry.clone());
+    // The answer's own headers stay (its request id, `Retry-After`).
+    let body = axum::Json(envelope).into_response().into_body();
+    let mut out = Response::from_parts(parts, body);
+    // A method, a slow body or a large one keeps its own status.
+    if !matches!(out.status().as_u16(), 405 | 408 | 413) {
+        *out.status_mut() = StatusCode::from_u16(status).unwrap_or(out.status());
     }
+    out.headers_mut().remove(header::CONTENT_LENGTH);
+    out.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     out
 }
 

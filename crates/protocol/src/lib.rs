@@ -34,6 +34,7 @@ pub use error::{ApiError, ContextSize, ErrorEnvelope, ErrorType, SLOT_UNAVAILABL
 pub use logprobs::{ChoiceLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob};
 pub use models::{Model, ModelList};
 pub use parse::parse_json;
+pub use responses::OWNER_HEADER;
 pub use slots::{
     ModelSlots, SlotCounts, SlotPhase, SlotState, SlotStatus, REPLICA_HEADER, SLOTS_SEQ_HEADER,
 };

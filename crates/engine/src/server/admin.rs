@@ -41,7 +41,8 @@ pub async fn health(State(state): State<AppState>) -> Response {
     }
     let snapshot = state.scheduler.snapshot();
     if !snapshot.models.is_empty() {
-        return Json(json!({"status": "ok"})).into_response();
+        let instance = format!("{:016x}", crate::ids::nonce());
+        return Json(json!({"status": "ok", "instance": instance})).into_response();
     }
     let message = if snapshot.loading > 0 { "Loading model" } else { "no model is loaded" };
     api_response(ApiError::new(ErrorType::UnavailableError, message))

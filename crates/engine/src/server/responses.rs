@@ -33,18 +33,22 @@ pub async fn create(
     headers: axum::http::HeaderMap,
     JsonBody(req): JsonBody<ResponsesRequest>,
 ) -> Result<Response, EngineError> {
+    let owner = owner(&headers);
     let previous = match &req.previous_response_id {
-        Some(id) => state.responses.get(id).ok_or_else(|| previous_not_found(id))?,
-        None => Arc::new(Stored { response: Value::Null, conversation: Vec::new() }),
+        Some(id) => state.responses.get(id, &owner).ok_or_else(|| previous_not_found(id))?,
+        None => Arc::new(Stored { response: Value::Null, conversation: Vec::new(), owner: None }),
     };
     let conversation = req.conversation(&previous.conversation)?;
     let mut chat = req.to_chat(conversation.clone())?;
     let served = resolve_model(&state, &mut chat.model)?;
-    let id = format!("resp_{}", crate::ids::next("r").trim_start_matches("r-"));
+    // This engine's instance (see `/health`), for a gateway to route follow-ups
+    // by, then random bits: a stored response is read by whoever holds its id
+    // (and, through a gateway, its key).
+    let id = format!("resp_{:016x}{:032x}", crate::ids::nonce(), rand::random::<u128>());
     let echo = Echo::of(&req, id.clone(), now(), served.id.clone());
     let streamed = chat.sampling.is_stream();
     let answer = super::chat::respond_by(&state, &headers, chat, served).await?;
-    let store = req.stores().then(|| (state.responses.clone(), id, conversation));
+    let store = req.stores().then(|| (state.responses.clone(), id, conversation, owner));
     if streamed {
         return Ok(translate_stream(answer, echo, store));
     }
@@ -57,15 +61,23 @@ pub async fn create(
     Ok(Json(response).into_response())
 }
 
-/// Where a response is kept, if it is: the store, its id, its conversation.
-type Keep = Option<(Arc<Store>, String, Vec<ChatMessage>)>;
+/// Where a response is kept, if it is: the store, its id, its conversation,
+/// its owner.
+type Keep = Option<(Arc<Store>, String, Vec<ChatMessage>, Option<String>)>;
 
 /// Stores `response` with its conversation and `outcome`'s turn, if asked.
 fn keep(store: Keep, response: &Value, outcome: &Outcome) {
-    if let Some((store, id, mut conversation)) = store {
+    if let Some((store, id, mut conversation, owner)) = store {
         conversation.push(outcome.as_message());
-        store.put(id, Stored { response: response.clone(), conversation });
+        store.put(id, Stored { response: response.clone(), conversation, owner });
     }
+}
+
+/// Whose a stored response is: the key a gateway says sent the request
+/// (`x-slotgate-owner`); only requests of that owner find it again.
+fn owner(headers: &axum::http::HeaderMap) -> Option<String> {
+    let value = headers.get(slotgate_protocol::OWNER_HEADER)?.to_str().ok()?;
+    (!value.is_empty() && value.len() <= 128).then(|| value.to_owned())
 }
 
 /// A streamed chat answer as Responses events; the whole response is stored
@@ -98,18 +110,20 @@ fn translate_stream(answer: Response, echo: Echo, store: Keep) -> Response {
 /// `GET /v1/responses/{id}`.
 pub async fn get(
     State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, EngineError> {
-    let stored = state.responses.get(&id).ok_or_else(|| not_found(&id))?;
+    let stored = state.responses.get(&id, &owner(&headers)).ok_or_else(|| not_found(&id))?;
     Ok(Json(stored.response.clone()))
 }
 
 /// `DELETE /v1/responses/{id}`.
 pub async fn delete(
     State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, EngineError> {
-    if !state.responses.delete(&id) {
+    if !state.responses.delete(&id, &owner(&headers)) {
         return Err(not_found(&id).into());
     }
     Ok(Json(json!({"id": id, "object": "response.deleted", "deleted": true})))
@@ -119,12 +133,17 @@ pub async fn delete(
 /// would be rendered to, its previous response's conversation and tools included.
 pub async fn input_tokens(
     State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
     JsonBody(req): JsonBody<ResponsesRequest>,
 ) -> Result<Json<Value>, EngineError> {
+    let owner = owner(&headers);
     let previous = match &req.previous_response_id {
-        Some(id) => {
-            state.responses.get(id).ok_or_else(|| previous_not_found(id))?.conversation.clone()
-        }
+        Some(id) => state
+            .responses
+            .get(id, &owner)
+            .ok_or_else(|| previous_not_found(id))?
+            .conversation
+            .clone(),
         None => Vec::new(),
     };
     let chat = req.to_chat(req.conversation(&previous)?)?;

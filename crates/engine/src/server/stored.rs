@@ -24,6 +24,8 @@ pub struct Stored {
     pub response: Value,
     /// The conversation it ends (without instructions): what a follow-up continues.
     pub conversation: Vec<ChatMessage>,
+    /// Whose it is, as the gateway said; `None`: anyone's who holds the id.
+    pub owner: Option<String>,
 }
 
 #[derive(Debug)]
@@ -63,10 +65,10 @@ impl Store {
         }
     }
 
-    /// The response stored as `id`, if it is still there.
-    pub fn get(&self, id: &str) -> Option<std::sync::Arc<Stored>> {
+    /// The response stored as `id`, if it is still there and `owner`'s.
+    pub fn get(&self, id: &str, owner: &Option<String>) -> Option<std::sync::Arc<Stored>> {
         let mut entries = self.lock();
-        let entry = entries.get_mut(id)?;
+        let entry = entries.get_mut(id).filter(|e| e.stored.owner == *owner)?;
         if entry.used.elapsed() >= TIME_TO_LIVE {
             entries.remove(id);
             return None;
@@ -75,9 +77,13 @@ impl Store {
         Some(entry.stored.clone())
     }
 
-    /// Forgets `id`; whether it was there.
-    pub fn delete(&self, id: &str) -> bool {
-        self.lock().remove(id).is_some()
+    /// Forgets `id`, if it is `owner`'s; whether it was there.
+    pub fn delete(&self, id: &str, owner: &Option<String>) -> bool {
+        let mut entries = self.lock();
+        if entries.get(id).is_none_or(|e| e.stored.owner != *owner) {
+            return false;
+        }
+        entries.remove(id).is_some()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
@@ -93,14 +99,21 @@ mod tests {
     #[test]
     fn the_least_recently_used_goes_first() {
         let store = Store::default();
-        let one = || Stored { response: serde_json::json!({}), conversation: Vec::new() };
+        let one =
+            || Stored { response: serde_json::json!({}), conversation: Vec::new(), owner: None };
         for i in 0..MAX_RESPONSES {
             store.put(format!("r{i}"), one());
         }
-        assert!(store.get("r0").is_some(), "used now: the most recent");
+        let anyone = None;
+        assert!(store.get("r0", &anyone).is_some(), "used now: the most recent");
         store.put("new".into(), one());
-        assert!(store.get("r0").is_some() && store.get("new").is_some());
-        assert!(store.get("r1").is_none(), "the least recently used went");
-        assert!(store.delete("new") && !store.delete("new"));
+        assert!(store.get("r0", &anyone).is_some() && store.get("new", &anyone).is_some());
+        assert!(store.get("r1", &anyone).is_none(), "the least recently used went");
+        assert!(store.delete("new", &anyone) && !store.delete("new", &anyone));
+        let theirs = Stored { owner: Some("a".into()), ..one() };
+        store.put("theirs".into(), theirs);
+        let other = Some("b".to_owned());
+        assert!(store.get("theirs", &other).is_none() && !store.delete("theirs", &other));
+        assert!(store.get("theirs", &Some("a".into())).is_some());
     }
 }

@@ -20,6 +20,9 @@ pub struct Backend {
     pub origin: Origin,
     /// Base URL; `None` until a supervised engine has printed its address.
     address: ArcSwapOption<String>,
+    /// The engine process it is now (its `/health` `instance`): the stored
+    /// responses whose ids name it are there.
+    instance: ArcSwapOption<String>,
     /// Relative share of traffic among equals.
     pub weight: u32,
     /// `Bearer` and its own API key, sent instead of any client's key.
@@ -121,6 +124,7 @@ impl Backend {
             id: crate::fleet::hash::backend_id(&origin.label()),
             origin,
             address: ArcSwapOption::empty(),
+            instance: ArcSwapOption::empty(),
             weight,
             api_key: None,
             fixed_models: models.is_some(),
@@ -188,6 +192,16 @@ impl Backend {
     /// Whether it is draining.
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Acquire)
+    }
+
+    /// The engine process it is now, as its last health check said.
+    pub fn instance(&self) -> Option<Arc<String>> {
+        self.instance.load_full()
+    }
+
+    /// Sets the engine process it is (a restarted engine is a new one).
+    pub fn set_instance(&self, instance: Option<String>) {
+        self.instance.store(instance.map(Arc::new));
     }
 
     /// Whether it is an engine this gateway started.

@@ -57,7 +57,14 @@ async fn check(pool: &Arc<Pool>, client: &BackendClient, routing: &Routing, back
     // A supervised engine that has not started yet has nothing to check.
     let Some(url) = backend.address() else { return };
     let timeout = crate::proxy::Timeouts::of(routing).read;
-    let ok = matches!(read(client, &backend, &url, "/health", timeout).await, Ok((s, _)) if s.is_success());
+    let health = read(client, &backend, &url, "/health", timeout).await;
+    let ok = matches!(&health, Ok((s, _)) if s.is_success());
+    if let Ok((_, body)) = &health {
+        // A slotgate engine names its process; others do not.
+        let said = serde_json::from_slice::<serde_json::Value>(body).ok();
+        let instance = said.as_ref().and_then(|v| v["instance"].as_str()).map(str::to_owned);
+        backend.set_instance(instance);
+    }
     if !ok {
         if backend.check_failed(routing.unhealthy_threshold) {
             tracing::warn!(backend = %url, "ejected: failing health checks");

@@ -50,6 +50,9 @@ impl Forwarder {
         if let Some(key) = key {
             extra.push((header::AUTHORIZATION, key.clone()));
         }
+        if let Some(owner) = &send.owner {
+            extra.push((HeaderName::from_static(slotgate_protocol::OWNER_HEADER), owner.clone()));
+        }
         // A supervised engine between restarts has no address: as if refused.
         let url = backend.address().ok_or(Failure::Connect)?;
         let deadline = tokio::time::Instant::now() + self.timeouts.first_byte;
@@ -113,6 +116,8 @@ pub(super) struct Send<'a> {
     pub request_id: &'a HeaderValue,
     /// Whether the client's own `Authorization` goes to the backend.
     pub pass_key: bool,
+    /// Whose a Responses request is (`x-slotgate-owner`).
+    pub owner: Option<HeaderValue>,
 }
 
 /// What a backend answered.

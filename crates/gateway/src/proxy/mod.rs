@@ -26,10 +26,11 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
-use slotgate_protocol::ApiError;
+use slotgate_protocol::{ApiError, ErrorType};
 
 use crate::config::error::api_response;
 use crate::config::live::{Live, LiveCell};
+use crate::fleet::backend::Backend;
 use crate::fleet::pool::Pool;
 use crate::proxy::retry::{Outcome, RetryPolicy, Then};
 use crate::proxy::upstream::BackendClient;
@@ -174,8 +175,13 @@ impl Forwarder {
         // A client's key opens this gateway, not the backends: with keys, it is
         // never passed on.
         let pass_key = caller.live.auth.is_open();
-        let send = Send { path, headers, body: &ready.body, request_id, pass_key };
+        let owner = owner(path, &caller);
+        let send = Send { path, headers, body: &ready.body, request_id, pass_key, owner };
         let mut course = self.retry.course();
+        if let Some(previous) = &ready.peek.previous {
+            let others = self.holder(previous).inspect_err(|e| record.refused(e.status()))?;
+            course.pin(others);
+        }
         loop {
             let exclude = course.exclusions(|ex| self.pool.has_other(model, ex));
             let claim = match self.pool.acquire(model, exclude, ready.peek.affinity, wait).await {
@@ -224,4 +230,40 @@ impl Forwarder {
         record.refused(err.status());
         Err(err)
     }
+}
+
+impl Forwarder {
+    /// The backends other than the one that holds the stored response `id` (its
+    /// engine instance is in the id): a follow-up goes there, or nowhere.
+    fn holder(&self, id: &str) -> Result<Vec<usize>, ApiError> {
+        let backends = self.pool.backends();
+        let instance = slotgate_protocol::responses::instance_of(id);
+        let holds = |b: &Backend| {
+            instance.is_some() && b.instance().as_deref().map(String::as_str) == instance
+        };
+        if !backends.iter().any(|b| holds(b)) {
+            return Err(previous_not_found(id));
+        }
+        Ok(backends.iter().filter(|b| !holds(b)).map(|b| b.index).collect())
+    }
+}
+
+/// A follow-up of a response that no backend holds.
+pub fn previous_not_found(id: &str) -> ApiError {
+    ApiError::new(
+        ErrorType::NotFoundError,
+        format!(
+            "previous response `{id}` is not stored on any backend (never stored, expired, \
+             deleted, or its engine restarted)"
+        ),
+    )
+    .with_param("previous_response_id")
+    .with_code("previous_response_not_found")
+}
+
+/// Whose a Responses request is, for the engine that stores it: its key's salt
+/// (a digest no client can derive), so that no other key finds the response.
+fn owner(path: &str, caller: &Caller) -> Option<HeaderValue> {
+    let tenant = caller.tenant.as_ref().filter(|_| path.starts_with("/v1/responses"))?;
+    HeaderValue::from_str(&tenant.cache_salt).ok()
 }

@@ -23,6 +23,8 @@ pub struct Peek {
     pub affinity: Option<u64>,
     /// Whether a stream asked for its usage (`stream_options.include_usage`).
     pub usage_asked: bool,
+    /// The stored response a Responses request continues.
+    pub previous: Option<String>,
 }
 
 /// The two fields every policy needs; the rest of the body is checked to be
@@ -33,6 +35,7 @@ struct BodyHead {
     stream: Option<Scalar>,
     stream_options: Option<StreamOptions>,
     n: Option<Scalar>,
+    previous_response_id: Option<Scalar>,
 }
 
 /// [`BodyHead`] and what the affinity key is derived from ([`Said`]): of a chat,
@@ -45,6 +48,7 @@ struct Keyed<'a> {
     stream: Option<Scalar>,
     stream_options: Option<StreamOptions>,
     n: Option<Scalar>,
+    previous_response_id: Option<Scalar>,
     prompt_cache_key: Option<Scalar>,
     #[serde(borrow)]
     messages: Option<Opening<'a>>,
@@ -57,17 +61,17 @@ struct Keyed<'a> {
 /// `affinity` is asked for. A missing model is left empty, for the caller to
 /// fill in when only one model is served.
 pub fn peek(body: &[u8], headers: &HeaderMap, affinity: bool) -> Result<Peek, ApiError> {
-    let (model, stream, options, n, keyed) = if affinity {
+    let (model, stream, options, n, previous, keyed) = if affinity {
         let k: Keyed = slotgate_protocol::parse_json(body)?;
         let said = Said {
             prompt_cache_key: k.prompt_cache_key.map(|s| s.0),
             messages: k.messages,
             prompt: k.prompt,
         };
-        (k.model, k.stream, k.stream_options, k.n, Some(said))
+        (k.model, k.stream, k.stream_options, k.n, k.previous_response_id, Some(said))
     } else {
-        let head: BodyHead = slotgate_protocol::parse_json(body)?;
-        (head.model, head.stream, head.stream_options, head.n, None)
+        let h: BodyHead = slotgate_protocol::parse_json(body)?;
+        (h.model, h.stream, h.stream_options, h.n, h.previous_response_id, None)
     };
     // Refused before a slot is claimed for it; the backend checks the rest.
     if let Some(n) = n.and_then(|n| n.0.as_u64()).filter(|&n| n > u64::from(MAX_N)) {
@@ -81,7 +85,17 @@ pub fn peek(body: &[u8], headers: &HeaderMap, affinity: bool) -> Result<Peek, Ap
     let affinity = keyed.and_then(|said| crate::fleet::affinity::key(&model, &said, headers));
     let stream = stream.and_then(|s| s.0.as_bool()).unwrap_or(false);
     let usage_asked = options.and_then(|o| o.include_usage).and_then(|u| u.as_bool()) == Some(true);
-    Ok(Peek { model, stream, affinity, usage_asked })
+    let previous = match previous.map(|s| s.0) {
+        Some(Value::String(id)) => Some(id),
+        Some(Value::Null) | None => None,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "previous_response_id",
+                "previous_response_id must be a string",
+            ))
+        }
+    };
+    Ok(Peek { model, stream, affinity, usage_asked, previous })
 }
 
 /// What a forwarded body must say that its client's may not.

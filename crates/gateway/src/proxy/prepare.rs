@@ -48,12 +48,12 @@ pub(super) fn prepare(
     let target = caller.live.aliases.get(&peek.model);
     // Keys are charged for tokens, so a stream must report them: asked for
     // here when the client did not, and taken out again before it sees them.
-    // A Messages stream always reports them.
-    let messages = path == "/v1/messages";
-    let strip_usage = caller.tenant.is_some() && peek.stream && !peek.usage_asked && !messages;
+    // A Messages or Responses stream always reports them.
+    let reports = matches!(path, "/v1/messages" | "/v1/responses");
+    let strip_usage = caller.tenant.is_some() && peek.stream && !peek.usage_asked && !reports;
     // Salts are the key's (only generation reads a prompt cache): with cache
     // isolation, its prompts share cached prefixes with no other key's.
-    let generates = matches!(path, "/v1/chat/completions" | "/v1/completions") || messages;
+    let generates = matches!(path, "/v1/chat/completions" | "/v1/completions") || reports;
     let tenant = caller.tenant.as_ref().filter(|_| generates);
     let changes = peek::Changes {
         // The backend knows the model by its own name: the body says that one.

@@ -194,6 +194,9 @@ pub struct Course<'p> {
     exclude: Vec<usize>,
     /// Backends lost after the request was sent to them.
     deaths: u32,
+    /// Whether the request may go to one backend only (it holds what the
+    /// request continues): its failures leave it in, and the others stay out.
+    pinned: bool,
     /// The last failure.
     last: Option<Failure>,
 }
@@ -224,7 +227,15 @@ impl RetryPolicy {
     /// A request arrived: its course, which earns the budget its share of retries.
     pub fn course(&self) -> Course<'_> {
         self.arrived();
-        Course { policy: self, made: 0, failed: 0, exclude: Vec::new(), deaths: 0, last: None }
+        Course {
+            policy: self,
+            made: 0,
+            failed: 0,
+            exclude: Vec::new(),
+            deaths: 0,
+            last: None,
+            pinned: false,
+        }
     }
 }
 
@@ -233,10 +244,17 @@ impl Course<'_> {
     /// outside them serves the model, none: the same backend again, on a
     /// fresh attempt, rather than nowhere.
     pub fn exclusions(&mut self, has_other: impl FnOnce(&[usize]) -> bool) -> &[usize] {
-        if !has_other(&self.exclude) {
+        if !self.pinned && !has_other(&self.exclude) {
             self.exclude.clear();
         }
         &self.exclude
+    }
+
+    /// Sends every attempt to the one backend that is not in `others`: it waits
+    /// there for a slot, and is retried there.
+    pub fn pin(&mut self, others: Vec<usize>) {
+        self.exclude = others;
+        self.pinned = true;
     }
 
     /// Rules on an attempt on backend `backend` that came to `outcome`, and
@@ -254,7 +272,7 @@ impl Course<'_> {
         if failure.is_death() {
             self.deaths += 1;
         }
-        if verdict.exclude {
+        if verdict.exclude && !self.pinned {
             self.exclude.push(backend);
         }
         metrics::counter!(crate::metrics::RETRIES, "reason" => failure.label()).increment(1);

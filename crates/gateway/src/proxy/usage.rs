@@ -41,13 +41,19 @@ pub fn scan(bytes: &[u8]) -> Option<Usage> {
     Some(Usage { prompt, completion, cached })
 }
 
-/// The usage of a Messages answer or event (`message_delta`): its prompt is
-/// the tokens decoded and those read from the cache together.
+/// The usage of a Messages answer or event (`message_delta`), whose prompt is
+/// the tokens decoded and those read from the cache together, or of a
+/// Responses answer or event (`response.completed`), whose `input_tokens` is
+/// the whole prompt.
 fn messages(usage: &[u8]) -> Option<Usage> {
-    let cached = number_after(usage, &CACHE_READ)?;
-    let input = number_after(usage, &INPUT).unwrap_or(0);
+    let input = number_after(usage, &INPUT)?;
     let completion = number_after(usage, &OUTPUT).unwrap_or(0);
-    Some(Usage { prompt: input + cached, completion, cached })
+    Some(match number_after(usage, &CACHE_READ) {
+        Some(cached) => Usage { prompt: input + cached, completion, cached },
+        None => {
+            Usage { prompt: input, completion, cached: number_after(usage, &CACHED).unwrap_or(0) }
+        }
+    })
 }
 
 /// The unsigned number that follows the key `finder` finds, and its colon.
@@ -73,5 +79,8 @@ mod tests {
         assert_eq!(scan(br#"data: {"choices":[{"delta":{"content":""usage""}}]}"#), None);
         let messages = b"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"input_tokens\":4,\"output_tokens\":9,\"cache_read_input_tokens\":6}}\n\n";
         assert_eq!(scan(messages), Some(Usage { prompt: 10, completion: 9, cached: 6 }));
+        let responses = br#"{"object":"response","usage":{"input_tokens":36,"input_tokens_details":{"cached_tokens":20},"output_tokens":8}}"#;
+        assert_eq!(scan(responses), Some(Usage { prompt: 36, completion: 8, cached: 20 }));
+        assert_eq!(scan(br#"{"type":"response.created","response":{"usage":null}}"#), None);
     }
 }

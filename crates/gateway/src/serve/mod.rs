@@ -7,5 +7,6 @@ pub mod reload;
 pub mod routes;
 pub mod server;
 pub mod spread;
+pub mod stored;
 pub mod ui;
 pub mod workers;

@@ -37,8 +37,9 @@ use crate::serve::app::{App, AppState};
 /// The endpoints forwarded to a backend, by path, and the path they are sent to;
 /// POST only. The paths without `/v1` are llama-server's aliases, which clients
 /// written for it send; `/tokenize`, `/detokenize` and `/apply-template` are its own endpoints.
-/// `/v1/messages` is Anthropic's Messages API, which the engines serve.
-pub(crate) const FORWARDED: [(&str, &str); 11] = [
+/// `/v1/messages` is Anthropic's Messages API and `/v1/responses` OpenAI's
+/// Responses API, which the engines serve.
+pub(crate) const FORWARDED: [(&str, &str); 13] = [
     ("/v1/chat/completions", "/v1/chat/completions"),
     ("/v1/completions", "/v1/completions"),
     ("/v1/embeddings", "/v1/embeddings"),
@@ -50,6 +51,8 @@ pub(crate) const FORWARDED: [(&str, &str); 11] = [
     ("/apply-template", "/apply-template"),
     ("/v1/messages", "/v1/messages"),
     ("/v1/messages/count_tokens", "/v1/messages/count_tokens"),
+    ("/v1/responses", "/v1/responses"),
+    ("/v1/responses/input_tokens", "/v1/responses/input_tokens"),
 ];
 
 /// The gateway's HTTP service, one per worker thread.
@@ -174,6 +177,12 @@ fn router(app: Arc<App>, max_body_bytes: usize) -> Router {
         .route("/apply-template", post(not_here))
         .route("/v1/messages", post(not_here))
         .route("/v1/messages/count_tokens", post(not_here))
+        .route("/v1/responses", post(not_here))
+        .route("/v1/responses/input_tokens", post(not_here))
+        .route(
+            "/v1/responses/{id}",
+            get(crate::serve::stored::stored).delete(crate::serve::stored::stored),
+        )
         .route("/props", get(props))
         .route("/v1/models", get(models))
         .route("/models", get(models))
@@ -327,7 +336,7 @@ async fn metrics(State(app): AppState) -> Response {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::Value;
+    use serde_json::{json, Value};
 
     use crate::config::GatewayConfig;
     use crate::serve::server::Gateway;
@@ -356,15 +365,30 @@ mod tests {
         assert_eq!(code(&big.json().await.unwrap()).as_deref(), Some("request_too_large"));
 
         for (path, _) in super::FORWARDED {
+            // Anthropic's routes answer in its envelope, by type.
+            let anthropic = path.starts_with("/v1/messages");
             let small = post(path, r#"{"model":"m"}"#.into()).await.unwrap();
             assert_eq!(small.status(), 404, "{path}: no backend serves `m`");
-            assert!(small.headers().contains_key(crate::proxy::REQUEST_ID));
+            assert!(small.headers().contains_key(crate::proxy::REQUEST_ID), "{path}");
             let v: Value = small.json().await.unwrap();
-            assert_eq!(code(&v).as_deref(), Some("model_not_found"), "{path}: {v}");
+            if anthropic {
+                assert_eq!(
+                    (&v["type"], &v["error"]["type"]),
+                    (&json!("error"), &json!("not_found_error")),
+                    "{v}"
+                );
+            } else {
+                assert_eq!(code(&v).as_deref(), Some("model_not_found"), "{path}: {v}");
+            }
 
             let get = client.get(format!("{base}{path}")).send().await.unwrap();
             assert_eq!(get.status(), 405, "{path}");
-            assert_eq!(code(&get.json().await.unwrap()).as_deref(), Some("method_not_allowed"));
+            let v: Value = get.json().await.unwrap();
+            if anthropic {
+                assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+            } else {
+                assert_eq!(code(&v).as_deref(), Some("method_not_allowed"), "{path}");
+            }
         }
         let bad = post("/v1/completions", "{".into()).await.unwrap();
         assert_eq!(bad.status(), 400);

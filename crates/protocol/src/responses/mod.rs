@@ -15,6 +15,17 @@ use crate::{
     StreamOptions, Tool,
 };
 
+/// The header with which a gateway tells an engine whose a request is (a
+/// digest of its key): a stored response is found again only by its owner.
+pub const OWNER_HEADER: &str = "x-slotgate-owner";
+
+/// The engine instance a response id names (`resp_` and the 16 hex digits of
+/// the engine's `/health` `instance`), for a gateway to send its follow-ups to.
+pub fn instance_of(id: &str) -> Option<&str> {
+    let hex = id.strip_prefix("resp_")?.get(..16)?;
+    hex.bytes().all(|b| b.is_ascii_hexdigit()).then_some(hex)
+}
+
 /// The body of `POST /v1/responses`. Fields this server does not use
 /// (`reasoning`, `include`, `truncation`, `user`, ...) are accepted and ignored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -110,9 +110,11 @@ impl Echo {
             "model": self.model,
             "output": outcome.map(|o| self.items(o)).unwrap_or_default(),
             "truncation": "disabled",
-            "usage": outcome.and_then(|o| o.usage.as_ref()).map(usage),
-            "user": null,
         });
+        // No usage until it is known: the schema has no null for it.
+        if let Some(u) = outcome.and_then(|o| o.usage.as_ref()) {
+            response["usage"] = usage(u);
+        }
         if let (Value::Object(out), Value::Object(echo)) = (&mut response, &self.request) {
             out.extend(echo.clone());
         }
@@ -155,7 +157,7 @@ pub fn usage(u: &Usage) -> Value {
     let cached = u.prompt_tokens_details.as_ref().map_or(0, |d| d.cached_tokens);
     json!({
         "input_tokens": u.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": cached},
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
         "output_tokens": u.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": u.prompt_tokens + u.completion_tokens,

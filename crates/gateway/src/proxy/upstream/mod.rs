@@ -63,11 +63,15 @@ pub enum FetchError {
     Timeout,
 }
 
-/// The two requests the gateway makes of a backend.
+/// The requests the gateway makes of a backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Method {
+pub enum Method {
+    /// A read, or a client's request with a body.
     Get,
+    /// A client's request with a JSON body.
     Post,
+    /// A client's deletion of a stored response.
+    Delete,
 }
 
 /// Idle connections kept per backend, at most.
@@ -171,8 +175,20 @@ impl BackendClient {
         path: &str,
         headers: impl IntoIterator<Item = (header::HeaderName, HeaderValue)>,
     ) -> Result<Reply, SendError> {
+        self.without_body(Method::Get, base, path, headers).await
+    }
+
+    /// Sends a request without a body (a GET or a DELETE); a stale pooled
+    /// connection is replaced at once, as neither changes anything twice.
+    pub async fn without_body(
+        &self,
+        method: Method,
+        base: &str,
+        path: &str,
+        headers: impl IntoIterator<Item = (header::HeaderName, HeaderValue)>,
+    ) -> Result<Reply, SendError> {
         let host = self.host(base)?;
-        let head = self.encode(&host, Method::Get, path, headers, &Bytes::new());
+        let head = self.encode(&host, method, path, headers, &Bytes::new());
         if let Some(mut conn) = host.take() {
             match exchange(&mut conn, &head, &Bytes::new()).await {
                 Ok(answer) => return Ok(Reply::new(answer, conn, host)),
@@ -193,8 +209,21 @@ impl BackendClient {
         timeout: Duration,
         limit: usize,
     ) -> Result<(StatusCode, Bytes), FetchError> {
+        self.fetch_as(Method::Get, base, path, headers, timeout, limit).await
+    }
+
+    /// As [`Self::fetch`], by `method` (a GET or a DELETE).
+    pub async fn fetch_as(
+        &self,
+        method: Method,
+        base: &str,
+        path: &str,
+        headers: impl IntoIterator<Item = (header::HeaderName, HeaderValue)>,
+        timeout: Duration,
+        limit: usize,
+    ) -> Result<(StatusCode, Bytes), FetchError> {
         let read = async {
-            let reply = self.get(base, path, headers).await?;
+            let reply = self.without_body(method, base, path, headers).await?;
             let body = http_body_util::Limited::new(reply.body, limit);
             let bytes = body.collect().await.map_err(|e| FetchError::Body(e.to_string()))?;
             Ok((reply.status, bytes.to_bytes()))
@@ -225,6 +254,7 @@ impl BackendClient {
         head.extend_from_slice(match method {
             Method::Post => b"POST ",
             Method::Get => b"GET ",
+            Method::Delete => b"DELETE ",
         });
         head.extend_from_slice(host.prefix.as_bytes());
         head.extend_from_slice(path.as_bytes());
