@@ -8,6 +8,7 @@
 
 mod attempt;
 pub mod bounded;
+pub mod course;
 pub mod ids;
 mod peek;
 mod poison;
@@ -32,7 +33,8 @@ use crate::config::error::api_response;
 use crate::config::live::{Live, LiveCell};
 use crate::fleet::backend::Backend;
 use crate::fleet::pool::Pool;
-use crate::proxy::retry::{Outcome, RetryPolicy, Then};
+use crate::proxy::course::Then;
+use crate::proxy::retry::{Outcome, RetryPolicy};
 use crate::proxy::upstream::BackendClient;
 use crate::tenancy::limits::UsageBook;
 use crate::tenancy::Tenant;
