@@ -576,7 +576,10 @@ async fn models_load_and_unload_at_run_time() {
     let (status, _) = post(&client, &url, &chat_body("Hi", 3, false)).await;
     assert_eq!(status, 200);
     let (status, health) = get(&client, &format!("{}/health", engine.url)).await;
-    assert_eq!((status, health), (200, json!({"status": "ok"})));
+    assert_eq!((status, &health["status"]), (200, &json!("ok")), "{health}");
+    // The process it is, which names its stored responses: 16 hex digits.
+    let instance = health["instance"].as_str().unwrap_or_default();
+    assert!(instance.len() == 16 && instance.bytes().all(|b| b.is_ascii_hexdigit()), "{health}");
 }
 
 #[tokio::test]

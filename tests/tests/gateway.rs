@@ -319,6 +319,35 @@ async fn refusals_and_resets_before_the_first_byte_are_retried_invisibly() {
     assert_eq!(sample(&m, "slotgate_retries_total{reason=\"before_first_byte\"}"), 1.0, "{m}");
 }
 
+/// A conversation of the Responses API over two engines and two gateway
+/// replicas: each turn goes to a replica other than the last one's, and still
+/// to the engine that stored the response it continues, where it is warm.
+#[tokio::test]
+async fn responses_follow_their_engine_through_any_replica() {
+    let one = engine(&["--n-parallel", "2", "--ctx-len", "1024"]);
+    let two = engine(&["--n-parallel", "2", "--ctx-len", "1024"]);
+    let replicas = [gateway(&[&one.url, &two.url], &[]), gateway(&[&one.url, &two.url], &[])];
+    let client = client();
+    for replica in &replicas {
+        ready(&client, replica, 2).await;
+    }
+    let ask = |previous: Option<&str>| {
+        json!({"model": MODEL, "input": "And then?", "max_output_tokens": 3, "temperature": 0,
+            "previous_response_id": previous})
+    };
+    let url = |turn: usize| format!("{}/v1/responses", replicas[turn % 2].url);
+    let (status, first) = post(&client, &url(0), &ask(None)).await;
+    assert_eq!(status, 200, "{first}");
+    let mut previous = first["id"].as_str().unwrap().to_owned();
+    for turn in 1..6 {
+        let (status, next) = post(&client, &url(turn), &ask(Some(&previous))).await;
+        assert_eq!(status, 200, "turn {turn}: {next}");
+        let cached = next["usage"]["input_tokens_details"]["cached_tokens"].as_u64();
+        assert!(cached > Some(0), "turn {turn} was not warm: {next}");
+        previous = next["id"].as_str().unwrap().to_owned();
+    }
+}
+
 /// `/props` is read through the gateway's one backend client: its query
 /// escaped, its whole answer due within `routing.first_byte_timeout_ms`.
 #[tokio::test]
