@@ -161,6 +161,26 @@ pub fn gateway_with_config(config: &Path, env: &[(&str, &str)]) -> Process {
     Process::start_with_env(&binary("slotgate"), &["--config", config], &env)
 }
 
+/// Runs `script` of `tests/clients/node` with `args` under Node, with the
+/// official SDKs that `scripts/test` installs there; its output, after
+/// asserting that it succeeded.
+pub fn node_client(script: &str, args: &[&str]) -> String {
+    let dir = workspace().join("tests/clients/node");
+    assert!(
+        dir.join("node_modules").is_dir(),
+        "{}/node_modules is missing: run scripts/test, which installs the Node SDKs",
+        dir.display()
+    );
+    let output = Command::new("node").arg(dir.join(script)).args(args).output().expect("run node");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "{script} failed:\n{text}");
+    text
+}
+
 /// libfaketime, from Debian's `faketime` (see `scripts/install-deps`).
 const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 

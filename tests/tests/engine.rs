@@ -627,6 +627,21 @@ async fn openai_python_sdk_responses_store_continue_and_call_tools() {
     assert!(out.contains("responses sdk: ok"), "{out}");
 }
 
+/// The official Node SDKs, unchanged: one streamed call each (OpenAI's
+/// Responses, Anthropic's Messages), checked against what the SDK assembles.
+#[tokio::test]
+async fn node_sdks_stream_a_response_and_a_message() {
+    let engine = engine(&["--n-parallel", "2", "--ctx-len", "512"]);
+    let out = tokio::task::spawn_blocking(move || {
+        let out = node_client("sdk_stream.mjs", &[&engine.url, MODEL]);
+        drop(engine);
+        out
+    })
+    .await
+    .unwrap();
+    assert!(out.contains("node sdks: ok"), "{out}");
+}
+
 /// Every kind of answer validates against OpenAI's published OpenAPI document
 /// (a copy in `tests/openai-openapi`): required fields such as a chat
 /// message's `refusal` included.

@@ -9,15 +9,12 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use slotgate_protocol::anthropic::stream::Translator;
 use slotgate_protocol::anthropic::{CountTokensRequest, Message, MessagesRequest, TokensCount};
-use slotgate_protocol::{ApiError, ChatCompletion, ChatCompletionChunk, ErrorEnvelope};
+use slotgate_protocol::{ApiError, ChatCompletionChunk, ErrorEnvelope};
 
 use super::body::JsonBody;
-use super::restream::{restream, Piece};
+use super::restream::{restream, whole, Piece};
 use super::AppState;
 use crate::error::EngineError;
-
-/// A chat answer larger than this is not read back for translation.
-const MAX_ANSWER_BYTES: usize = 64 << 20;
 
 /// `POST /v1/messages`.
 pub async fn messages(
@@ -31,9 +28,7 @@ pub async fn messages(
     if streamed {
         return Ok(translate_stream(answer));
     }
-    let bytes = axum::body::to_bytes(answer.into_body(), MAX_ANSWER_BYTES);
-    let bytes = bytes.await.map_err(|_| ApiError::internal())?;
-    let chat: ChatCompletion = serde_json::from_slice(&bytes).map_err(|_| ApiError::internal())?;
+    let chat = whole(answer).await?;
     Ok(Json(Message::from_chat(&chat)).into_response())
 }
 

@@ -13,19 +13,14 @@ use serde_json::{json, Value};
 use slotgate_protocol::responses::output::{Echo, Outcome};
 use slotgate_protocol::responses::stream::Translator;
 use slotgate_protocol::responses::ResponsesRequest;
-use slotgate_protocol::{
-    ApiError, ChatCompletion, ChatCompletionChunk, ChatMessage, ErrorEnvelope, ErrorType,
-};
+use slotgate_protocol::{ApiError, ChatCompletionChunk, ChatMessage, ErrorEnvelope, ErrorType};
 
 use super::body::JsonBody;
 use super::generate::{now, resolve_model};
-use super::restream::{restream, Piece};
+use super::restream::{restream, whole, Piece};
 use super::stored::{Store, Stored};
 use super::AppState;
 use crate::error::EngineError;
-
-/// A chat answer larger than this is not read back for translation.
-const MAX_ANSWER_BYTES: usize = 64 << 20;
 
 /// `POST /v1/responses`.
 pub async fn create(
@@ -52,9 +47,7 @@ pub async fn create(
     if streamed {
         return Ok(translate_stream(answer, echo, store));
     }
-    let bytes = axum::body::to_bytes(answer.into_body(), MAX_ANSWER_BYTES);
-    let bytes = bytes.await.map_err(|_| ApiError::internal())?;
-    let chat: ChatCompletion = serde_json::from_slice(&bytes).map_err(|_| ApiError::internal())?;
+    let chat = whole(answer).await?;
     let outcome = Outcome::of_chat(&chat);
     let response = echo.response(Some(&outcome));
     keep(store, &response, &outcome);

@@ -1,11 +1,22 @@
-//! A streamed chat answer re-written as another API's events (Anthropic's
-//! Messages, OpenAI's Responses): its server-sent events decoded as they come
-//! and each handed to a translator, whose output is streamed instead.
+//! A chat answer read back for another API (Anthropic's Messages, OpenAI's
+//! Responses): whole ([`whole`]), or streamed, its server-sent events decoded
+//! as they come and each handed to a translator, whose output is streamed
+//! instead ([`restream`]).
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
-use slotgate_protocol::SseDecoder;
+use slotgate_protocol::{ApiError, ChatCompletion, SseDecoder};
+
+/// A chat answer larger than this is not read back.
+const MAX_ANSWER_BYTES: usize = 64 << 20;
+
+/// The whole chat answer of `answer`, a 200 from the chat handler.
+pub async fn whole(answer: Response) -> Result<ChatCompletion, ApiError> {
+    let bytes = axum::body::to_bytes(answer.into_body(), MAX_ANSWER_BYTES).await;
+    let bytes = bytes.map_err(|_| ApiError::internal())?;
+    serde_json::from_slice(&bytes).map_err(|_| ApiError::internal())
+}
 
 /// What the translator is handed.
 pub enum Piece<'a> {
