@@ -3,9 +3,13 @@ messages created and streamed, a tool called and its result sent back (whole and
 streamed), tokens counted, and bad requests raising the SDK's own exceptions.
 Usage: anthropic_client.py BASE_URL MODEL [KEY]"""
 
+import json
 import sys
 
 import anthropic
+import httpx
+from anthropic.types import Message, RawMessageStreamEvent
+from pydantic import TypeAdapter
 
 WEATHER = {
     "name": "get_weather",
@@ -97,6 +101,22 @@ def main() -> None:
         raise AssertionError("an unknown model was served")
     except anthropic.NotFoundError as err:
         assert err.body["type"] == "error" and err.body["error"]["type"] == "not_found_error", err.body
+    # Every answer and streamed event, validated against the SDK's own types
+    # (pydantic, strictly: the SDK's parsing alone forgives missing fields).
+    body = {"model": model, "max_tokens": 60, "messages": ask, "tools": [WEATHER], "tool_choice": {"type": "any"}}
+    headers = {"x-api-key": key, "anthropic-version": "2023-06-01"}
+    for extra in ({}, {"tool_choice": {"type": "auto"}, "max_tokens": 8}):
+        r = httpx.post(f"{base_url}/v1/messages", json={**body, **extra}, headers=headers, timeout=120)
+        Message.model_validate(r.json(), strict=False)
+        assert set(Message.model_fields) >= set(r.json()), r.json()
+        events = TypeAdapter(RawMessageStreamEvent)
+        with httpx.stream("POST", f"{base_url}/v1/messages", json={**body, **extra, "stream": True},
+                          headers=headers, timeout=120) as s:
+            for line in s.iter_lines():
+                if line.startswith("data: "):
+                    event = json.loads(line[len("data: "):])
+                    if event["type"] != "ping":
+                        events.validate_python(event)
     print("anthropic sdk: ok")
 
 
