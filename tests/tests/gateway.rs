@@ -319,6 +319,27 @@ async fn refusals_and_resets_before_the_first_byte_are_retried_invisibly() {
     assert_eq!(sample(&m, "slotgate_retries_total{reason=\"before_first_byte\"}"), 1.0, "{m}");
 }
 
+/// A Messages stream whose backend dies ends with an `error` event in
+/// Anthropic's shape, which its SDK raises.
+#[tokio::test]
+async fn a_messages_stream_cut_off_ends_with_an_anthropic_error_event() {
+    let fake = Fake::start("fake", 1).await;
+    fake.push(&[Step::DieMidStream(2)]);
+    let gw = gateway(&[&fake.url], &[]);
+    let client = client();
+    ready(&client, &gw, 1).await;
+    let body = json!({"model": "fake", "max_tokens": 5, "stream": true,
+        "messages": [{"role": "user", "content": "x"}]});
+    let response = client.post(format!("{}/v1/messages", gw.url)).json(&body).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let text = response.text().await.unwrap();
+    let last = text.trim_end().rsplit("\n\n").next().unwrap();
+    let (name, data) = last.split_once('\n').unwrap();
+    assert_eq!(name, "event: error", "{text}");
+    let data: Value = serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!((&data["type"], &data["error"]["type"]), (&json!("error"), &json!("api_error")));
+}
+
 /// A conversation of the Responses API over two engines and two gateway
 /// replicas: each turn goes to a replica other than the last one's, and still
 /// to the engine that stored the response it continues, where it is warm.

@@ -137,6 +137,7 @@ impl Answer {
         mut record: Record,
         strip_usage: bool,
         silence: Duration,
+        anthropic: bool,
     ) -> Response {
         record.answered(backend.url(), status.as_u16());
         match self {
@@ -155,7 +156,7 @@ impl Answer {
             }
             Self::Stream { first, upstream, claim } => {
                 let strip = strip_usage.then(strip::UsageStrip::default);
-                let relay = Relay::new(first, upstream, claim, record, strip, silence);
+                let relay = Relay::new(first, upstream, claim, record, strip, (silence, anthropic));
                 let mut response = Response::new(Body::new(relay));
                 *response.status_mut() = status;
                 slotgate_http::event_stream(&mut response);

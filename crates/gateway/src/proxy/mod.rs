@@ -219,7 +219,10 @@ impl Forwarder {
             match (ruling.then, result) {
                 (Then::Deliver, Ok((status, answer))) => {
                     let (strip, silence) = (ready.strip_usage, self.timeouts.chunk);
-                    return Ok(answer.into_response(&backend, status, record, strip, silence));
+                    let anthropic = path == "/v1/messages";
+                    let response =
+                        answer.into_response(&backend, status, record, strip, silence, anthropic);
+                    return Ok(response);
                 }
                 (Then::RetryAfter(pause), _) => tokio::time::sleep(pause).await,
                 (then, _) => {

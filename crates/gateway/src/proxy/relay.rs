@@ -42,18 +42,22 @@ pub struct Relay {
     /// Events relayed so far: a stream cut short (the client left, the backend
     /// died) reports no usage, and is charged one token for each.
     events: u64,
+    /// Whether the stream is Anthropic's Messages, whose clients read an error
+    /// as an `event: error` in Anthropic's envelope.
+    anthropic: bool,
 }
 
 impl Relay {
     /// Relays `first`, then the rest of `upstream`, which may be silent for
-    /// `silence` at most between chunks.
+    /// `silence` at most between chunks; an error ends it in Anthropic's shape
+    /// when `anthropic`.
     pub fn new(
         first: Bytes,
         upstream: UpstreamBody,
         claim: Claim,
         record: Record,
         strip: Option<UsageStrip>,
-        silence: Duration,
+        (silence, anthropic): (Duration, bool),
     ) -> Self {
         // A stream with an event taken out cannot keep its declared length.
         let sized = upstream.size_hint().exact().is_some() && strip.is_none();
@@ -69,6 +73,7 @@ impl Relay {
             last: Instant::now(),
             timer: None,
             events: 0,
+            anthropic,
         };
         relay.first = Some(relay.pass(first));
         relay
@@ -119,7 +124,14 @@ impl Relay {
             return Poll::Ready(None);
         }
         let err = ApiError::new(ErrorType::ServerError, message);
-        Poll::Ready(Some(Ok(Frame::data(Bytes::from(sse::encode(&err.into_envelope()))))))
+        let event = if self.anthropic {
+            let (_, envelope) = slotgate_protocol::anthropic::error(&err);
+            let data = serde_json::to_string(&envelope).unwrap_or_default();
+            format!("event: error\ndata: {data}\n\n")
+        } else {
+            sse::encode(&err.into_envelope())
+        };
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from(event)))))
     }
 }
 
