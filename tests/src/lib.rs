@@ -171,7 +171,13 @@ pub fn node_client(script: &str, args: &[&str]) -> String {
         "{}/node_modules is missing: run scripts/test, which installs the Node SDKs",
         dir.display()
     );
-    let output = Command::new("node").arg(dir.join(script)).args(args).output().expect("run node");
+    run_client(Command::new("node").arg(dir.join(script)).args(args), script)
+}
+
+/// Runs a client script's `command`: its output and errors, after asserting
+/// that it succeeded.
+fn run_client(command: &mut Command, script: &str) -> String {
+    let output = command.output().unwrap_or_else(|e| panic!("run {script}: {e}"));
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&output.stdout),
@@ -403,18 +409,8 @@ pub fn python_client(script: &str, args: &[&str]) -> String {
         "{} is missing: run scripts/test, which installs the openai package",
         python.display()
     );
-    let output = Command::new(&python)
-        .arg(workspace().join("tests/clients").join(script))
-        .args(args)
-        .output()
-        .expect("run python");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(output.status.success(), "{script} failed:\n{text}");
-    text
+    let path = workspace().join("tests/clients").join(script);
+    run_client(Command::new(&python).arg(path).args(args), script)
 }
 
 #[cfg(test)]

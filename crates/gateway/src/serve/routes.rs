@@ -165,20 +165,9 @@ async fn forward(
 /// The routes that are not forwarded. A forwarded endpoint reaches it only with
 /// another method than POST, and answers 405.
 fn router(app: Arc<App>, max_body_bytes: usize) -> Router {
-    Router::new()
-        .route("/v1/chat/completions", post(not_here))
-        .route("/v1/completions", post(not_here))
-        .route("/v1/embeddings", post(not_here))
-        .route("/chat/completions", post(not_here))
-        .route("/completions", post(not_here))
-        .route("/embeddings", post(not_here))
-        .route("/tokenize", post(not_here))
-        .route("/detokenize", post(not_here))
-        .route("/apply-template", post(not_here))
-        .route("/v1/messages", post(not_here))
-        .route("/v1/messages/count_tokens", post(not_here))
-        .route("/v1/responses", post(not_here))
-        .route("/v1/responses/input_tokens", post(not_here))
+    let forwarded =
+        FORWARDED.into_iter().fold(Router::new(), |r, (path, _)| r.route(path, post(not_here)));
+    forwarded
         .route(
             "/v1/responses/{id}",
             get(crate::serve::stored::stored).delete(crate::serve::stored::stored),

@@ -23,8 +23,10 @@ pub async fn stored(
     let tenant = live.auth.identify(&headers)?;
     let not_found =
         || ApiError::new(ErrorType::NotFoundError, format!("no stored response `{id}`"));
-    // Only ids an engine makes go into the path sent on.
-    let plain = id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    // Only ids an engine makes go into the path sent on (`resp_` and 48 hex
+    // digits; a little room for other ids' lengths).
+    let plain =
+        id.len() <= 128 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
     let instance = slotgate_protocol::responses::instance_of(&id).filter(|_| plain);
     let instance = instance.ok_or_else(not_found)?;
     let backends = app.forwarder.pool().backends();

@@ -137,55 +137,50 @@ impl BackendClient {
         headers: impl IntoIterator<Item = (header::HeaderName, HeaderValue)>,
         body: Bytes,
     ) -> Result<Reply, SendError> {
-        let host = self.host(base)?;
-        let head = self.encode(&host, Method::Post, path, headers, &body);
-        // A pooled connection that the backend closed while it lay idle answers
-        // nothing at all: that is `Stale`, which the retry policy sends again at
-        // once (as nginx does with its cached upstream connections), as an
-        // attempt that the metrics and the access log see. Idle connections
-        // seen closed are skipped before anything is sent.
-        if let Some(mut conn) = host.take() {
-            return match exchange(&mut conn, &head, &body).await {
-                Ok(answer) => Ok(Reply::new(answer, conn, host)),
-                Err(HeadError::Nothing(e)) => Err(SendError::Stale(e)),
-                Err(HeadError::Broken(e)) => Err(SendError::Broken(e)),
-            };
-        }
-        self.fresh(&host, &head, &body).await
+        self.send(Method::Post, base, path, headers, body).await
     }
 
     /// GETs `base` + `path` (a path and query) with `headers` added: the
     /// gateway's own reads of a backend (health, slots, properties, slot
-    /// events), never a client's request. A GET is safe to send twice, so a
-    /// stale pooled connection is replaced here at once, on a new one.
+    /// events), never a client's request.
     pub async fn get(
         &self,
         base: &str,
         path: &str,
         headers: impl IntoIterator<Item = (header::HeaderName, HeaderValue)>,
     ) -> Result<Reply, SendError> {
-        self.without_body(Method::Get, base, path, headers).await
+        self.send(Method::Get, base, path, headers, Bytes::new()).await
     }
 
-    /// Sends a request without a body (a GET or a DELETE); a stale pooled
-    /// connection is replaced at once, as neither changes anything twice.
-    pub async fn without_body(
+    /// Sends a request on a pooled connection, or a new one.
+    async fn send(
         &self,
         method: Method,
         base: &str,
         path: &str,
         headers: impl IntoIterator<Item = (header::HeaderName, HeaderValue)>,
+        body: Bytes,
     ) -> Result<Reply, SendError> {
         let host = self.host(base)?;
-        let head = self.encode(&host, method, path, headers, &Bytes::new());
+        let head = self.encode(&host, method, path, headers, &body);
+        // A pooled connection that the backend closed while it lay idle answers
+        // nothing at all. Under a POST (a client's request) that is `Stale`,
+        // which the retry policy sends again at once (as nginx does with its
+        // cached upstream connections), as an attempt that the metrics and the
+        // access log see. A GET or a DELETE changes nothing twice: it goes again
+        // here, on a new connection. Idle connections seen closed are skipped
+        // before anything is sent.
         if let Some(mut conn) = host.take() {
-            match exchange(&mut conn, &head, &Bytes::new()).await {
+            match exchange(&mut conn, &head, &body).await {
                 Ok(answer) => return Ok(Reply::new(answer, conn, host)),
+                Err(HeadError::Nothing(e)) if method == Method::Post => {
+                    return Err(SendError::Stale(e))
+                }
                 Err(HeadError::Nothing(_)) => {}
                 Err(HeadError::Broken(e)) => return Err(SendError::Broken(e)),
             }
         }
-        self.fresh(&host, &head, &Bytes::new()).await
+        self.fresh(&host, &head, &body).await
     }
 
     /// GETs `base` + `path` and reads the whole answer, at most `limit` bytes,
@@ -212,7 +207,7 @@ impl BackendClient {
         limit: usize,
     ) -> Result<(StatusCode, Bytes), FetchError> {
         let read = async {
-            let reply = self.without_body(method, base, path, headers).await?;
+            let reply = self.send(method, base, path, headers, Bytes::new()).await?;
             let body = http_body_util::Limited::new(reply.body, limit);
             let bytes = body.collect().await.map_err(|e| FetchError::Body(e.to_string()))?;
             Ok((reply.status, bytes.to_bytes()))
