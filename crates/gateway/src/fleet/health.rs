@@ -59,8 +59,9 @@ async fn check(pool: &Arc<Pool>, client: &BackendClient, routing: &Routing, back
     let timeout = crate::proxy::Timeouts::of(routing).read;
     let health = read(client, &backend, &url, "/health", timeout).await;
     let ok = matches!(&health, Ok((s, _)) if s.is_success());
-    if let Ok((_, body)) = &health {
-        // A slotgate engine names its process; others do not.
+    if let (true, Ok((_, body))) = (ok, &health) {
+        // A slotgate engine names its process; others do not. A failing check
+        // (a loading or stuck engine) says nothing of it.
         let said = serde_json::from_slice::<serde_json::Value>(body).ok();
         let instance = said.as_ref().and_then(|v| v["instance"].as_str()).map(str::to_owned);
         backend.set_instance(instance);
