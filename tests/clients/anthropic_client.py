@@ -39,6 +39,22 @@ def main() -> None:
     prompt = msg.usage.input_tokens + msg.usage.cache_read_input_tokens
     assert prompt > 0, msg
 
+    # Stop sequences the answer cannot miss in 60 tokens: it ends at the first
+    # one it writes, and says which, whole and streamed.
+    stops = ["\n", " ", "e", "."]
+    cut = client.messages.create(
+        model=model, max_tokens=60, messages=hello, temperature=0, stop_sequences=stops
+    )
+    assert cut.stop_reason == "stop_sequence" and cut.stop_sequence in stops, cut
+    assert not any(s in b.text for b in cut.content for s in stops), cut
+    with client.messages.stream(
+        model=model, max_tokens=60, messages=hello, temperature=0.7, stop_sequences=stops
+    ) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert final.stop_reason == "stop_sequence" and final.stop_sequence in stops, final
+    assert not any(s in text for s in stops), (text, final)
+
     # The prompt that request makes, counted alone.
     count = client.messages.count_tokens(model=model, system="Be brief.", messages=hello)
     assert count.input_tokens == prompt, (count, msg.usage)

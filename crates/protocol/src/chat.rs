@@ -224,6 +224,9 @@ pub struct ChatChoice {
     pub logprobs: Option<crate::ChoiceLogprobs>,
     /// Why generation stopped.
     pub finish_reason: Option<FinishReason>,
+    /// The stop string that ended it, where one did (see [`crate::StopReason`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<crate::StopReason>,
 }
 
 /// The answer to a non-streamed chat request.
@@ -273,6 +276,9 @@ pub struct ChunkChoice {
     pub logprobs: Option<crate::ChoiceLogprobs>,
     /// Set on the last chunk of the choice.
     pub finish_reason: Option<FinishReason>,
+    /// The stop string that ended it, where one did (see [`crate::StopReason`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<crate::StopReason>,
 }
 
 /// One server-sent event of a streamed chat answer.

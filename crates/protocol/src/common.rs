@@ -44,6 +44,19 @@ pub enum FinishReason {
     ContentFilter,
 }
 
+/// What ended a choice beyond its finish reason: vLLM's `stop_reason`
+/// extension, which the OpenAI SDKs keep as an extra field. slotgate sends the
+/// stop string that ended the choice (so that the Messages API can report its
+/// `stop_sequence`); vLLM also sends the id of a stop token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum StopReason {
+    /// The stop string found in the text.
+    Text(String),
+    /// A stop token's id (vLLM's `stop_token_ids`).
+    Token(i64),
+}
+
 /// Token counts of a request.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {

@@ -100,6 +100,9 @@ pub struct CompletionChoice {
     pub logprobs: Option<crate::CompletionLogprobs>,
     /// Why generation stopped; null until the last chunk of a stream.
     pub finish_reason: Option<FinishReason>,
+    /// The stop string that ended it, where one did (see [`crate::StopReason`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<crate::StopReason>,
 }
 
 /// The answer to a text completion, and also each chunk of a streamed one.

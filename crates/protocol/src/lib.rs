@@ -24,7 +24,9 @@ pub use chat::{
     AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
     ChatMessage, ChunkChoice, ContentPart, Delta, MessageContent, ResponseFormat, Role,
 };
-pub use common::{FinishReason, PromptTokensDetails, Sampling, Stop, StreamOptions, Usage};
+pub use common::{
+    FinishReason, PromptTokensDetails, Sampling, Stop, StopReason, StreamOptions, Usage,
+};
 pub use completions::{Completion, CompletionChoice, CompletionRequest, Prompt, PromptItem};
 pub use embeddings::{
     Embedding, EmbeddingInput, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage,

@@ -163,6 +163,8 @@ pub enum Event {
         index: ChoiceIndex,
         /// Why it stopped.
         reason: FinishReason,
+        /// The stop string that stopped it, if one did.
+        stop: Option<String>,
         /// Its token counts.
         usage: ChoiceUsage,
     },

@@ -9,7 +9,8 @@ pub struct TextStream {
     partial: Vec<u8>,
     /// Decoded text held back because it could be the start of a stop string.
     held: String,
-    stopped: bool,
+    /// The stop string that ended the stream, once one has.
+    matched: Option<String>,
 }
 
 /// What one push produced.
@@ -29,14 +30,14 @@ impl TextStream {
 
     /// Adds the bytes of one token.
     pub fn push(&mut self, bytes: &[u8]) -> Pushed {
-        if self.stopped {
+        if self.matched.is_some() {
             return Pushed { text: String::new(), stopped: true };
         }
         self.partial.extend_from_slice(bytes);
         self.decode_partial();
-        if let Some(at) = self.find_stop() {
+        if let Some((at, stop)) = self.find_stop() {
             self.held.truncate(at);
-            self.stopped = true;
+            self.matched = Some(self.stops[stop].clone());
             return Pushed { text: std::mem::take(&mut self.held), stopped: true };
         }
         let keep = self.stop_prefix_len();
@@ -48,7 +49,7 @@ impl TextStream {
     /// Ends the stream: what was held back is sent, a dangling partial character as
     /// U+FFFD. Nothing is sent after a stop string.
     pub fn finish(&mut self) -> String {
-        if self.stopped {
+        if self.matched.is_some() {
             return String::new();
         }
         let mut rest = std::mem::take(&mut self.held);
@@ -87,8 +88,16 @@ impl TextStream {
         }
     }
 
-    fn find_stop(&self) -> Option<usize> {
-        self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min()
+    /// The stop string that ended the stream, if one did.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.as_deref()
+    }
+
+    /// Where the earliest stop string in `held` starts, and which one it is (the
+    /// first listed, of several found at one place).
+    fn find_stop(&self) -> Option<(usize, usize)> {
+        let found = self.stops.iter().enumerate();
+        found.filter_map(|(i, s)| self.held.find(s.as_str()).map(|at| (at, i))).min()
     }
 
     /// The length of the longest tail of `held` that is a proper prefix of a stop string.
@@ -161,6 +170,19 @@ mod tests {
         let (out, stopped, _) = run(&["bb", "a"], &[b"xxbba"]);
         assert_eq!(out, ["xx"]);
         assert!(stopped);
+    }
+
+    #[test]
+    fn the_stop_string_that_ended_the_text_is_known() {
+        let mut stream = TextStream::new(vec!["a".into(), "END".into(), "bb".into()]);
+        assert_eq!(stream.push(b"xx E").text, "xx ");
+        assert_eq!(stream.matched(), None);
+        assert!(stream.push(b"ND bb a").stopped);
+        assert_eq!(stream.matched(), Some("END"));
+        // At one place, the first listed of the stops found there.
+        let mut stream = TextStream::new(vec!["ab".into(), "a".into()]);
+        assert!(stream.push(b"xab").stopped);
+        assert_eq!(stream.matched(), Some("ab"));
     }
 
     #[test]

@@ -54,6 +54,8 @@ pub struct Collected {
     pub texts: Vec<String>,
     /// Finish reason per choice.
     pub reasons: Vec<FinishReason>,
+    /// Per choice, the stop string that ended it, if one did.
+    pub stops: Vec<Option<String>>,
     /// Log probabilities per choice (empty unless asked for).
     pub logprobs: Vec<Vec<TokenLogprob>>,
     /// Token counts.
@@ -61,11 +63,32 @@ pub struct Collected {
 }
 
 impl Collected {
-    /// Each choice: its index, text, finish reason and log probabilities.
-    pub fn choices(self) -> impl Iterator<Item = (u32, String, FinishReason, Vec<TokenLogprob>)> {
-        let each = self.texts.into_iter().zip(self.reasons).zip(self.logprobs);
-        (0u32..).zip(each).map(|(i, ((text, reason), logprobs))| (i, text, reason, logprobs))
+    /// Each choice, in index order.
+    pub fn choices(self) -> impl Iterator<Item = Choice> {
+        let each = self.texts.into_iter().zip(self.reasons).zip(self.stops).zip(self.logprobs);
+        (0u32..).zip(each).map(|(index, (((text, reason), stop), logprobs))| Choice {
+            index,
+            text,
+            reason,
+            stop,
+            logprobs,
+        })
     }
+}
+
+/// One choice of a collected answer.
+#[derive(Debug)]
+pub struct Choice {
+    /// Its place among the choices.
+    pub index: u32,
+    /// Its text.
+    pub text: String,
+    /// Why it stopped.
+    pub reason: FinishReason,
+    /// The stop string that stopped it, if one did.
+    pub stop: Option<String>,
+    /// Its log probabilities (empty unless asked for).
+    pub logprobs: Vec<TokenLogprob>,
 }
 
 /// The answer to a job: streamed through `writer` when `streamed` says how,
@@ -106,6 +129,7 @@ pub async fn collect(
     let mut texts = vec![String::new(); n];
     let mut logprobs = vec![Vec::new(); n];
     let mut reasons = vec![None; n];
+    let mut stops = vec![None; n];
     let mut usage = UsageSum::default();
     let mut done = 0;
     let mut next = Some(first);
@@ -120,8 +144,9 @@ pub async fn collect(
                 texts[i].push_str(&text);
                 logprobs[i].extend(l);
             }
-            Event::Done { index, reason, usage: u } => {
+            Event::Done { index, reason, stop, usage: u } => {
                 reasons[index.flat() as usize] = Some(reason);
+                stops[index.flat() as usize] = stop;
                 usage.add(index, u);
                 done += 1;
             }
@@ -131,6 +156,7 @@ pub async fn collect(
     Ok(Collected {
         texts,
         reasons: reasons.into_iter().map(|r| r.unwrap_or(FinishReason::Stop)).collect(),
+        stops,
         logprobs,
         usage: usage.usage(),
     })
@@ -143,8 +169,8 @@ pub trait ChunkWriter: Send + 'static {
     /// New text of a choice, which starts at character `offset` of its text, and
     /// the log probabilities of the tokens sampled since the last chunk.
     fn text(&self, index: u32, text: String, offset: u32, logprobs: Vec<TokenLogprob>) -> String;
-    /// The last chunk of a choice.
-    fn finish(&self, index: u32, reason: FinishReason) -> String;
+    /// The last chunk of a choice, which `stop` ended if it is a stop string's.
+    fn finish(&self, index: u32, reason: FinishReason, stop: Option<String>) -> String;
     /// The final usage chunk.
     fn usage(&self, usage: Usage) -> String;
 }
@@ -245,10 +271,10 @@ impl<W: ChunkWriter> StreamState<W> {
                 }
                 out.push_str(&self.writer.text(index, text, offset, logprobs));
             }
-            Some(Event::Done { index: choice, reason, usage }) => {
+            Some(Event::Done { index: choice, reason, stop, usage }) => {
                 let index = choice.flat();
                 self.open(index, &mut out);
-                out.push_str(&self.writer.finish(index, reason));
+                out.push_str(&self.writer.finish(index, reason, stop));
                 self.usage.add(choice, usage);
                 self.done += 1;
                 if self.done == self.shape.choices {

@@ -15,7 +15,7 @@ use axum::Json;
 use slotgate_protocol::{
     sse, ApiError, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk,
     ChatCompletionRequest, ChoiceLogprobs, ChunkChoice, Delta, FinishReason, FunctionCallDelta,
-    Role, TokenLogprob, ToolCall, ToolCallDelta, Usage,
+    Role, StopReason, TokenLogprob, ToolCall, ToolCallDelta, Usage,
 };
 
 use super::answer::{self, ChunkWriter, Shape};
@@ -88,13 +88,14 @@ pub(super) async fn respond_by(
         let usage = done.usage.clone();
         let choices = done
             .choices()
-            .map(|(index, text, reason, logprobs)| {
-                let (message, reason) = message(writer.plan.as_ref(), text, reason);
+            .map(|choice| {
+                let (message, reason) = message(writer.plan.as_ref(), choice.text, choice.reason);
                 ChatChoice {
-                    index,
+                    index: choice.index,
                     message,
-                    logprobs: writer.logprobs.then(|| ChoiceLogprobs::new(logprobs)),
+                    logprobs: writer.logprobs.then(|| ChoiceLogprobs::new(choice.logprobs)),
                     finish_reason: Some(reason),
+                    stop_reason: choice.stop.map(StopReason::Text),
                 }
             })
             .collect();
@@ -240,13 +241,28 @@ impl ChatChunks {
     }
 
     fn delta(&self, index: u32, delta: Delta, finish_reason: Option<FinishReason>) -> String {
-        self.chunk(vec![ChunkChoice { index, delta, logprobs: None, finish_reason }], None)
+        let choice = ChunkChoice { index, delta, logprobs: None, finish_reason, stop_reason: None };
+        self.chunk(vec![choice], None)
+    }
+
+    /// The last chunk of a choice: its finish reason, and the stop string that
+    /// ended it, if one did.
+    fn last(&self, index: u32, reason: FinishReason, stop: Option<String>) -> String {
+        let choice = ChunkChoice {
+            index,
+            delta: Delta::default(),
+            logprobs: None,
+            finish_reason: Some(reason),
+            stop_reason: stop.map(StopReason::Text),
+        };
+        self.chunk(vec![choice], None)
     }
 
     fn content(&self, index: u32, text: String, logprobs: Vec<TokenLogprob>) -> String {
         let delta = Delta { content: Some(text), ..Delta::default() };
         let logprobs = self.logprobs.then(|| ChoiceLogprobs::new(logprobs));
-        self.chunk(vec![ChunkChoice { index, delta, logprobs, finish_reason: None }], None)
+        let choice = ChunkChoice { index, delta, logprobs, finish_reason: None, stop_reason: None };
+        self.chunk(vec![choice], None)
     }
 
     /// The chunks of one whole call: its id, type and name, then its arguments
@@ -324,9 +340,9 @@ impl ChunkWriter for ChatChunks {
         out
     }
 
-    fn finish(&self, index: u32, reason: FinishReason) -> String {
+    fn finish(&self, index: u32, reason: FinishReason, stop: Option<String>) -> String {
         let Some(plan) = &self.plan else {
-            return self.delta(index, Delta::default(), Some(reason));
+            return self.last(index, reason, stop.clone());
         };
         let held = {
             let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
@@ -337,7 +353,7 @@ impl ChunkWriter for ChatChunks {
             // The calls went out as they were written.
             let reason =
                 if reason == FinishReason::Stop { FinishReason::ToolCalls } else { reason };
-            out.push_str(&self.delta(index, Delta::default(), Some(reason)));
+            out.push_str(&self.last(index, reason, stop.clone()));
             return out;
         }
         if held.reply.is_reply() {
@@ -345,7 +361,7 @@ impl ChunkWriter for ChatChunks {
             if !held.logprobs.is_empty() {
                 out.push_str(&self.content(index, String::new(), held.logprobs));
             }
-            out.push_str(&self.delta(index, Delta::default(), Some(reason)));
+            out.push_str(&self.last(index, reason, stop.clone()));
             return out;
         }
         let (message, reason) = message(Some(plan), held.text, reason);
@@ -355,7 +371,7 @@ impl ChunkWriter for ChatChunks {
         for (position, call) in message.tool_calls.into_iter().flatten().enumerate() {
             out.push_str(&self.call(index, position as u32, call));
         }
-        out.push_str(&self.delta(index, Delta::default(), Some(reason)));
+        out.push_str(&self.last(index, reason, stop.clone()));
         out
     }
 

@@ -9,7 +9,7 @@ use axum::Json;
 use slotgate_protocol::{
     sse, ApiError, Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, Embedding,
     EmbeddingInput, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage, EmbeddingVector,
-    FinishReason, PromptItem, TokenLogprob, Usage,
+    FinishReason, PromptItem, StopReason, TokenLogprob, Usage,
 };
 
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -154,8 +154,11 @@ pub async fn completions(
         let usage = done.usage.clone();
         let choices = done
             .choices()
-            .map(|(i, text, reason, logprobs)| {
-                writer.choice(i, text, Some(reason), writer.logprobs(&logprobs, 0))
+            .map(|c| {
+                let logprobs = writer.logprobs(&c.logprobs, 0);
+                let mut choice = writer.choice(c.index, c.text, Some(c.reason), logprobs);
+                choice.stop_reason = c.stop.map(StopReason::Text);
+                choice
             })
             .collect();
         Json(writer.completion(choices, Some(usage))).into_response()
@@ -189,7 +192,7 @@ impl CompletionChunks {
         finish_reason: Option<FinishReason>,
         logprobs: Option<CompletionLogprobs>,
     ) -> CompletionChoice {
-        CompletionChoice { text, index, logprobs, finish_reason }
+        CompletionChoice { text, index, logprobs, finish_reason, stop_reason: None }
     }
 
     fn logprobs(&self, tokens: &[TokenLogprob], offset: u32) -> Option<CompletionLogprobs> {
@@ -219,8 +222,9 @@ impl ChunkWriter for CompletionChunks {
         sse::encode(&self.completion(vec![self.choice(index, text, None, logprobs)], None))
     }
 
-    fn finish(&self, index: u32, reason: FinishReason) -> String {
-        let choice = self.choice(index, String::new(), Some(reason), None);
+    fn finish(&self, index: u32, reason: FinishReason, stop: Option<String>) -> String {
+        let mut choice = self.choice(index, String::new(), Some(reason), None);
+        choice.stop_reason = stop.map(StopReason::Text);
         sse::encode(&self.completion(vec![choice], None))
     }
 

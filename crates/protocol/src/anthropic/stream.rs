@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use super::answer::{message_id, stop_reason};
 use super::Usage;
-use crate::{ApiError, ChatCompletionChunk, FinishReason};
+use crate::{ApiError, ChatCompletionChunk, FinishReason, StopReason};
 
 /// Turns the chunks of one streamed chat answer (its first choice) into
 /// Messages events.
@@ -21,6 +21,8 @@ pub struct Translator {
     /// The index of the next block.
     next: u32,
     reason: Option<FinishReason>,
+    /// The stop string that ended the answer, if one did.
+    stop: Option<StopReason>,
     usage: Usage,
     /// Whether `message_stop` (or an error) was sent.
     ended: bool,
@@ -76,6 +78,7 @@ impl Translator {
         }
         if let Some(reason) = choice.finish_reason {
             self.reason = Some(reason);
+            self.stop = choice.stop_reason.clone();
             out.push_str(&self.close());
         }
         out
@@ -90,7 +93,8 @@ impl Translator {
         let mut out = self.start("", "");
         out.push_str(&self.close());
         let usage = self.usage;
-        let delta = json!({"stop_reason": stop_reason(self.reason), "stop_sequence": null});
+        let (reason, sequence) = stop_reason(self.reason, self.stop.as_ref());
+        let delta = json!({"stop_reason": reason, "stop_sequence": sequence});
         let data = json!({"type": "message_delta", "delta": delta, "usage": {
             "input_tokens": usage.input_tokens,
             "output_tokens": usage.output_tokens,
@@ -208,6 +212,24 @@ mod tests {
             "{out}"
         );
         assert_eq!(t.finish(), "", "once");
+    }
+
+    /// A stop string that ended the answer is its stop sequence; a finish by
+    /// itself is the end of the turn.
+    #[test]
+    fn a_stop_string_is_the_stop_sequence() {
+        let mut t = Translator::default();
+        let mut out = t.chunk(&chunk(
+            json!({"choices": [{"index": 0, "delta": {"content": "1 2"}, "finish_reason": null}]}),
+        ));
+        out += &t.chunk(&chunk(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop", "stop_reason": "END"}]})));
+        out += &t.finish();
+        assert!(out.contains(r#""stop_reason":"stop_sequence","stop_sequence":"END""#), "{out}");
+        let mut t = Translator::default();
+        let out = t.chunk(&chunk(
+            json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+        )) + &t.finish();
+        assert!(out.contains(r#""stop_reason":"end_turn","stop_sequence":null"#), "{out}");
     }
 
     #[test]

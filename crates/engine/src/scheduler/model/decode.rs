@@ -264,5 +264,6 @@ fn finish(mut run: Running, reason: FinishReason, id: &str, outbox: &mut Outbox)
     metrics::counter!(m::PROMPT_TOKENS_COMPUTED, "model" => id.to_owned())
         .increment(u64::from(usage.prompt_tokens - usage.cached_tokens));
     tracing::debug!(model = %id, task = run.task.id, ?reason, ?usage, elapsed = ?run.admitted.elapsed(), "choice done");
-    run.task.send(outbox, Event::Done { index: run.task.index, reason, usage });
+    let stop = run.text.matched().map(str::to_owned);
+    run.task.send(outbox, Event::Done { index: run.task.index, reason, stop, usage });
 }
