@@ -83,6 +83,13 @@ async fn llama_server_paths_and_the_fields_openai_requires() {
     let body = json!({"model": MODEL, "prompt": "One, two,", "max_tokens": 2});
     let (status, text) = post(&client, &format!("{}/completions", engine.url), &body).await;
     assert_eq!((status, text["object"].as_str()), (200, Some("text_completion")), "{text}");
+    let body = json!({"model": MODEL, "input": "Hi", "max_output_tokens": 2, "store": false});
+    let (status, answer) = post(&client, &format!("{}/responses", engine.url), &body).await;
+    assert_eq!((status, answer["object"].as_str()), (200, Some("response")), "{answer}");
+    let body = json!({"model": MODEL, "input": "Hi"});
+    let url = format!("{}/responses/input_tokens", engine.url);
+    let (status, count) = post(&client, &url, &body).await;
+    assert!(status == 200 && count["input_tokens"].as_u64() > Some(0), "{count}");
     let models: Value =
         client.get(format!("{}/models", engine.url)).send().await.unwrap().json().await.unwrap();
     assert_eq!(models["data"][0]["id"], MODEL);

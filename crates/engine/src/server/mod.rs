@@ -71,6 +71,8 @@ pub fn router(state: AppState) -> Router {
         .route("/chat/completions", post(chat::chat))
         .route("/completions", post(generate::completions))
         .route("/embeddings", post(generate::embeddings))
+        .route("/responses", post(responses::create))
+        .route("/responses/input_tokens", post(responses::input_tokens))
         .route_layer(axum::middleware::from_fn(recorded::record));
     Router::new()
         .merge(generation)

@@ -39,7 +39,7 @@ use crate::serve::app::{App, AppState};
 /// written for it send; `/tokenize`, `/detokenize` and `/apply-template` are its own endpoints.
 /// `/v1/messages` is Anthropic's Messages API and `/v1/responses` OpenAI's
 /// Responses API, which the engines serve.
-pub(crate) const FORWARDED: [(&str, &str); 13] = [
+pub(crate) const FORWARDED: [(&str, &str); 15] = [
     ("/v1/chat/completions", "/v1/chat/completions"),
     ("/v1/completions", "/v1/completions"),
     ("/v1/embeddings", "/v1/embeddings"),
@@ -53,6 +53,8 @@ pub(crate) const FORWARDED: [(&str, &str); 13] = [
     ("/v1/messages/count_tokens", "/v1/messages/count_tokens"),
     ("/v1/responses", "/v1/responses"),
     ("/v1/responses/input_tokens", "/v1/responses/input_tokens"),
+    ("/responses", "/v1/responses"),
+    ("/responses/input_tokens", "/v1/responses/input_tokens"),
 ];
 
 /// The gateway's HTTP service, one per worker thread.

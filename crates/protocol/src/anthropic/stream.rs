@@ -122,7 +122,8 @@ impl Translator {
         let message = json!({
             "id": message_id(id), "type": "message", "role": "assistant", "content": [],
             "model": model, "stop_reason": null, "stop_sequence": null,
-            "usage": {"input_tokens": 0, "output_tokens": 0},
+            "usage": {"input_tokens": 0, "output_tokens": 0, "cache_read_input_tokens": 0,
+                "cache_creation_input_tokens": 0},
         });
         event("message_start", &json!({"type": "message_start", "message": message}))
             + &event("ping", &json!({"type": "ping"}))

@@ -104,6 +104,7 @@ impl Echo {
             "id": self.id,
             "object": "response",
             "created_at": self.created_at,
+            "completed_at": (status == "completed").then(unix_now),
             "status": status,
             "error": null,
             "incomplete_details": incomplete,
@@ -145,6 +146,12 @@ impl Echo {
         json!({"type": "function_call", "id": self.call_id(k), "call_id": call.id,
             "name": call.function.name, "arguments": call.function.arguments, "status": status})
     }
+}
+
+/// Unix seconds now: a response's `completed_at`, which only a completed one has.
+fn unix_now() -> u64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    since.map_or(0, |d| d.as_secs())
 }
 
 /// An `output_text` part.
