@@ -379,7 +379,8 @@ async fn a_real_prometheus_scrapes_both_servers_with_their_labels() {
         (
             "slotgate_requests_total",
             json!({"__name__": "slotgate_requests_total", "job": "slotgate-gateway",
-            "instance": instance(&gw.url), "backend": engine.url, "model": MODEL, "status": "200"}),
+            "instance": instance(&gw.url), "backend": engine.url, "model": MODEL, "status": "200",
+            "api": "chat"}),
             1.0,
         ),
         (

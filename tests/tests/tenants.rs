@@ -157,6 +157,14 @@ async fn anthropic_sdk_through_the_gateway_with_a_key() {
     let usage = &keys["keys"][0]["usage"];
     assert!(usage["prompt_tokens"].as_u64() > Some(0), "{keys}");
     assert!(usage["completion_tokens"].as_u64() > Some(0), "{keys}");
+    // Its answers are counted as the Messages API's, none as chat's.
+    let m = metrics(&client, &gateway.url).await;
+    let answered =
+        |api: &str| metric_sum_where(&m, "slotgate_requests_total", &format!("api=\"{api}\""));
+    assert!(answered("messages") >= 5.0, "{m}");
+    assert_eq!(answered("chat"), 0.0, "{m}");
+    assert!(m.contains("slotgate_time_to_first_token_seconds_bucket{model=\""), "{m}");
+    assert!(m.contains(",api=\"messages\",le="), "{m}");
 }
 
 /// OpenAI's Responses API through a keyed gateway over two engines: the SDK

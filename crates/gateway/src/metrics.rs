@@ -1,5 +1,5 @@
 //! Prometheus metrics of the gateway. Labels stay bounded: backends, models,
-//! statuses and retry reasons, never request ids or user text.
+//! APIs, statuses and retry reasons, never request ids or user text.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -19,7 +19,7 @@ pub const SLOTS_BUSY: &str = "slotgate_backend_slots_busy";
 pub const QUEUE_DEPTH: &str = "slotgate_queue_depth";
 /// Time waited for a slot (histogram, seconds; `model`).
 pub const QUEUE_WAIT: &str = "slotgate_queue_wait_seconds";
-/// Answers sent (counter; `model`, `backend`, `status`).
+/// Answers sent (counter; `model`, `api`, `backend`, `status`).
 pub const REQUESTS: &str = "slotgate_requests_total";
 /// Backends chosen, by how (counter; `reason`: `affinity` kept, `spilled` by
 /// load, `no_affinity`).
@@ -30,9 +30,9 @@ pub const BACKEND_PROMPT_TOKENS: &str = "slotgate_backend_prompt_tokens_total";
 pub const BACKEND_CACHED_TOKENS: &str = "slotgate_backend_prompt_tokens_cached_total";
 /// Retries (counter; `reason`).
 pub const RETRIES: &str = "slotgate_retries_total";
-/// From arrival to the end of the answer (histogram, seconds; `model`).
+/// From arrival to the end of the answer (histogram, seconds; `model`, `api`).
 pub const DURATION: &str = "slotgate_request_duration_seconds";
-/// From arrival to the first byte of the answer (histogram, seconds; `model`).
+/// From arrival to the first byte of the answer (histogram, seconds; `model`, `api`).
 pub const TTFT: &str = "slotgate_time_to_first_token_seconds";
 
 /// Per-key request counts (counter; `key`).
@@ -62,7 +62,7 @@ const DESCRIBED: &[(&str, Kind, &str)] = &[
     (
         REQUESTS,
         Kind::Counter,
-        "Answers sent, by model, backend (none: the gateway's own) and HTTP status.",
+        "Answers sent, by model, API, backend (none: the gateway's own) and HTTP status.",
     ),
     (ROUTING, Kind::Counter, "Backends chosen, by reason: affinity, spilled or no_affinity."),
     (
@@ -99,6 +99,20 @@ const DESCRIBED: &[(&str, Kind, &str)] = &[
     (POISON, Kind::Counter, "Requests answered 502 because two backends died while serving them."),
 ];
 
+/// The `api` label of a request by the path it is forwarded to: which client
+/// protocol it spoke, so that each API's traffic, errors and latency can be
+/// told apart.
+pub fn api(path: &str) -> &'static str {
+    match path {
+        "/v1/chat/completions" => "chat",
+        "/v1/completions" => "completions",
+        "/v1/embeddings" => "embeddings",
+        p if p.starts_with("/v1/responses") => "responses",
+        p if p.starts_with("/v1/messages") => "messages",
+        _ => "llama_server",
+    }
+}
+
 /// The process's Prometheus recorder, with every metric described.
 pub fn handle() -> PrometheusHandle {
     slotgate_http::recorder(DESCRIBED)
@@ -112,12 +126,14 @@ pub fn handle() -> PrometheusHandle {
 /// life of the process, so a handle never goes stale.
 #[derive(Default)]
 struct Handles {
-    models: HashMap<String, ModelHandles>,
+    /// By model and API.
+    models: HashMap<(String, &'static str), ModelHandles>,
     backends: HashMap<String, [Counter; 2]>,
     routing: Vec<(&'static str, Counter)>,
 }
 
-/// One model's histograms, and its request counters by backend and status.
+/// One model's histograms for one API, and its request counters by backend
+/// and status.
 struct ModelHandles {
     ttft: Histogram,
     duration: Histogram,
@@ -128,25 +144,33 @@ thread_local! {
     static HANDLES: RefCell<Handles> = RefCell::default();
 }
 
-/// Counts an answer of `status` for `model` from `backend` (`none` when the gateway
-/// answered itself), with its time to first byte and whole duration in seconds
-/// when it had any.
-pub fn request_done(model: &str, backend: &str, status: u16, times: Option<(f64, f64)>) {
+/// Counts an answer of `status` for `model` through `api` from `backend`
+/// (`none` when the gateway answered itself), with its time to first byte and
+/// whole duration in seconds when it had any.
+pub fn request_done(
+    model: &str,
+    api: &'static str,
+    backend: &str,
+    status: u16,
+    times: Option<(f64, f64)>,
+) {
     HANDLES.with_borrow_mut(|h| {
-        if !h.models.contains_key(model) {
+        let key = (model.to_owned(), api);
+        if !h.models.contains_key(&key) {
+            let (model, api) = (model.to_owned(), api);
             let per = ModelHandles {
-                ttft: metrics::histogram!(TTFT, "model" => model.to_owned()),
-                duration: metrics::histogram!(DURATION, "model" => model.to_owned()),
+                ttft: metrics::histogram!(TTFT, "model" => model.clone(), "api" => api),
+                duration: metrics::histogram!(DURATION, "model" => model, "api" => api),
                 requests: Vec::new(),
             };
-            h.models.insert(model.to_owned(), per);
+            h.models.insert(key.clone(), per);
         }
-        let per = h.models.get_mut(model).expect("inserted above");
+        let per = h.models.get_mut(&key).expect("inserted above");
         let i = match per.requests.iter().position(|(b, s, _)| *s == status && b == backend) {
             Some(i) => i,
             None => {
                 let counter = metrics::counter!(REQUESTS, "model" => model.to_owned(),
-                    "backend" => backend.to_owned(), "status" => status.to_string());
+                    "api" => api, "backend" => backend.to_owned(), "status" => status.to_string());
                 per.requests.push((backend.to_owned(), status, counter));
                 per.requests.len() - 1
             }

@@ -27,6 +27,8 @@ pub(super) struct Ready {
     /// Whether the usage in a stream was asked for here, and is taken out again
     /// before the client sees it.
     pub strip_usage: bool,
+    /// The API it speaks, as its metrics label it.
+    pub api: &'static str,
 }
 
 /// Reads `body` and makes it what the backends get; refuses a request that
@@ -85,7 +87,7 @@ pub(super) fn prepare(
         tracing::info!(request_id = ?request_id, model = peek.model, "unknown model");
         return Err(ApiError::model_not_found(&peek.model));
     }
-    Ok(Ready { peek, asked, body, sent, strip_usage })
+    Ok(Ready { peek, asked, body, sent, strip_usage, api: crate::metrics::api(path) })
 }
 
 /// Checks that the caller's key may use the model and is within its limits,
@@ -99,7 +101,7 @@ pub(super) async fn admit(
     caller: &Caller,
 ) -> Result<(Record, Wait), ApiError> {
     let model = ready.peek.model.as_str();
-    let mut record = Record::new(model, request_id, started);
+    let mut record = Record::new(model, ready.api, request_id, started);
     let mut wait = Wait { class: Class::default(), deadline: deadline(headers, started)? };
     if let Some(tenant) = &caller.tenant {
         record.key(tenant.name.clone());

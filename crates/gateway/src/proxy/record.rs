@@ -12,6 +12,8 @@ use crate::tenancy::limits::Permit;
 /// What the metrics say of one request; recorded when dropped.
 pub struct Record {
     model: String,
+    /// The API the request spoke (its `api` label).
+    api: &'static str,
     /// The backend that answered, if one did.
     backend: Option<Arc<String>>,
     status: u16,
@@ -38,10 +40,17 @@ impl Record {
         }
     }
 
-    /// A request for `model`, numbered `request_id`, that arrived at `started`.
-    pub fn new(model: &str, request_id: &axum::http::HeaderValue, started: Instant) -> Self {
+    /// A request for `model` through `api`, numbered `request_id`, that
+    /// arrived at `started`.
+    pub fn new(
+        model: &str,
+        api: &'static str,
+        request_id: &axum::http::HeaderValue,
+        started: Instant,
+    ) -> Self {
         Self {
             model: model.to_owned(),
+            api,
             backend: None,
             status: 0,
             started,
@@ -107,7 +116,7 @@ impl Drop for Record {
         let duration = self.started.elapsed();
         let ttft = self.first_byte.map(|first| first.duration_since(self.started));
         let times = ttft.map(|ttft| (ttft.as_secs_f64(), duration.as_secs_f64()));
-        m::request_done(&self.model, backend, self.status, times);
+        m::request_done(&self.model, self.api, backend, self.status, times);
         let [prompt, completion, cached] = self.tokens;
         crate::proxy::recent::RECENT.ended(
             &self.model,
@@ -123,6 +132,7 @@ impl Drop for Record {
             request_id = %String::from_utf8_lossy(self.request_id.as_bytes()),
             key = self.key.as_deref().unwrap_or("-"),
             model = %self.model,
+            api = self.api,
             backend,
             status = self.status,
             attempts = self.attempts,
