@@ -103,7 +103,53 @@ fn probes() -> Vec<(&'static str, &'static str, Value)> {
         .map(|i| json!({"type": "function", "function": {"name": format!("f{i}"), "parameters": {"type": "object"}}}))
         .collect();
     let deep = format!("root ::= {}\"a\"{}", "(".repeat(100_000), ")".repeat(100_000));
+    let response = |extra: Value| {
+        let mut body = json!({"model": MODEL, "max_output_tokens": 4, "input": "Hi"});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let message = |extra: Value| {
+        let mut body = json!({"model": MODEL, "max_tokens": 4,
+                              "messages": [{"role": "user", "content": "Hi"}]});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let flat_tools: Vec<Value> = (0..20_000)
+        .map(|i| json!({"type": "function", "name": format!("f{i}"), "parameters": {"type": "object"}}))
+        .collect();
+    let anthropic_tools: Vec<Value> = (0..20_000)
+        .map(|i| json!({"name": format!("f{i}"), "input_schema": {"type": "object"}}))
+        .collect();
+    let deep_tool = json!({"type": "object", "properties": {"a": doubling_schema(25)}});
     vec![
+        // The Responses and Messages APIs name their own fields.
+        ("responses", "tools", response(json!({"tools": flat_tools}))),
+        (
+            "responses",
+            "tools.f.parameters",
+            response(json!({"tools": [{"type": "function", "name": "f", "parameters": deep_tool}],
+                "tool_choice": "required"})),
+        ),
+        (
+            "responses",
+            "text.format",
+            response(json!({"text": {"format": {"type": "json_schema", "name": "x",
+                "schema": doubling_schema(25)}}})),
+        ),
+        ("responses", "input", response(json!({"input": "a ".repeat(2_000_000)}))),
+        ("messages", "tools", message(json!({"tools": anthropic_tools}))),
+        (
+            "messages",
+            "tools.f.input_schema",
+            message(json!({"tools": [{"name": "f", "input_schema": deep_tool}],
+                "tool_choice": {"type": "any"}})),
+        ),
+        ("messages", "stop_sequences", message(json!({"stop_sequences": vec!["a"; 100]}))),
+        (
+            "messages",
+            "messages",
+            message(json!({"messages": [{"role": "user", "content": "a ".repeat(2_000_000)}]})),
+        ),
         ("completions", "prompt", completion(json!({"prompt": "a ".repeat(2_000_000)}))),
         ("completions", "prompt", completion(json!({"prompt": vec!["a"; 200_000]}))),
         ("completions", "prompt", completion(json!({"prompt": vec!["a"; 70]}))),
@@ -135,13 +181,26 @@ fn probes() -> Vec<(&'static str, &'static str, Value)> {
     ]
 }
 
-/// Sends every probe to `base`: each is a 400 naming its field, within a second.
+/// Sends every probe to `base`: each is a 400 naming its field, within a
+/// second, in its API's envelope (Anthropic's has no `param`: its message
+/// names the field).
 async fn refused_quickly(client: &reqwest::Client, base: &str) {
     for (path, param, body) in probes() {
         let started = Instant::now();
         let (status, answer) = post(client, &format!("{base}/v1/{path}"), &body).await;
         let took = started.elapsed();
-        let named = answer["error"]["param"].as_str().unwrap_or("");
+        let named = if path == "messages" {
+            assert_eq!(answer["type"], "error", "{answer:.300}");
+            assert_eq!(answer["error"]["type"], "invalid_request_error", "{answer:.300}");
+            let message = answer["error"]["message"].as_str().unwrap_or("");
+            if message.contains(param) {
+                param
+            } else {
+                message
+            }
+        } else {
+            answer["error"]["param"].as_str().unwrap_or("")
+        };
         assert_eq!(status, 400, "{path} {param}: {answer:.300}");
         assert!(named.starts_with(param), "{path}: param `{named}`, not `{param}`: {answer:.300}");
         assert!(took < Duration::from_secs(1), "{path} {param}: refused after {took:?}");

@@ -43,6 +43,15 @@ pub enum EngineError {
 }
 
 impl EngineError {
+    /// The error in the words of an API served as chat, whose fields have
+    /// other names (see [`ApiError::renamed`]).
+    pub fn renamed(self, names: &[(&str, &str)]) -> Self {
+        match self {
+            Self::Api(err) => Self::Api(err.renamed(names)),
+            other => other,
+        }
+    }
+
     /// What the client sees. Internal details stay in the log.
     pub fn to_api(&self) -> ApiError {
         match self {

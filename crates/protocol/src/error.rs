@@ -84,6 +84,30 @@ pub struct ContextSize {
 }
 
 impl ApiError {
+    /// This error in the words of an API served as the chat it translates to,
+    /// whose fields have other names: each pair is chat's name and the API's.
+    /// A name renames a `param` that starts with it (up to a `.` or `[`); a
+    /// name that starts with `.` renames that part wherever it is. The message
+    /// names the field as the `param` does.
+    pub fn renamed(mut self, names: &[(&str, &str)]) -> Self {
+        let Some(old) = self.param.clone() else { return self };
+        let mut param = old.clone();
+        for (chat, own) in names {
+            if chat.starts_with('.') {
+                param = param.replace(chat, own);
+            } else if let Some(rest) = param.strip_prefix(chat) {
+                if rest.is_empty() || rest.starts_with(['.', '[']) {
+                    param = format!("{own}{rest}");
+                }
+            }
+        }
+        if param != old {
+            self.message = self.message.replace(&old, &param);
+            self.param = Some(param);
+        }
+        self
+    }
+
     /// An error of the given type with no parameter or code.
     pub fn new(kind: ErrorType, message: impl Into<String>) -> Self {
         Self {
@@ -164,4 +188,33 @@ impl ApiError {
 pub struct ErrorEnvelope {
     /// The error itself.
     pub error: ApiError,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_renamed_error_names_the_apis_own_field() {
+        let names = [
+            ("max_completion_tokens", "max_output_tokens"),
+            ("messages", "input"),
+            (".function.parameters", ".parameters"),
+        ];
+        let err = ApiError::invalid("max_completion_tokens", "max_completion_tokens must be >= 1");
+        let err = err.renamed(&names);
+        assert_eq!(err.param.as_deref(), Some("max_output_tokens"));
+        assert_eq!(err.message, "max_output_tokens must be >= 1");
+        let err = ApiError::invalid(
+            "tools.f.function.parameters.a",
+            "at `tools.f.function.parameters.a`",
+        );
+        let err = err.renamed(&names);
+        assert_eq!(err.param.as_deref(), Some("tools.f.parameters.a"));
+        assert_eq!(err.message, "at `tools.f.parameters.a`");
+        let err = ApiError::invalid("messages[0].content", "x").renamed(&names);
+        assert_eq!(err.param.as_deref(), Some("input[0].content"));
+        let err = ApiError::invalid("messages_extra", "x").renamed(&names);
+        assert_eq!(err.param.as_deref(), Some("messages_extra"), "a word that starts with a name");
+    }
 }

@@ -7,6 +7,7 @@
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use slotgate_protocol::anthropic::request::FIELD_NAMES;
 use slotgate_protocol::anthropic::stream::Translator;
 use slotgate_protocol::anthropic::{CountTokensRequest, Message, MessagesRequest, TokensCount};
 use slotgate_protocol::{ApiError, ChatCompletionChunk, ErrorEnvelope};
@@ -24,7 +25,8 @@ pub async fn messages(
 ) -> Result<Response, EngineError> {
     let chat = req.to_chat()?;
     let streamed = chat.sampling.is_stream();
-    let answer = super::chat::respond(&state, &headers, chat).await?;
+    let answer =
+        super::chat::respond(&state, &headers, chat).await.map_err(|e| e.renamed(FIELD_NAMES))?;
     if streamed {
         return Ok(translate_stream(answer));
     }
@@ -63,6 +65,7 @@ pub async fn count_tokens(
     JsonBody(req): JsonBody<CountTokensRequest>,
 ) -> Result<Json<TokensCount>, EngineError> {
     let chat = req.as_messages().to_chat()?;
-    let input_tokens = super::chat::prompt_tokens(&state, chat).await?;
+    let input_tokens =
+        super::chat::prompt_tokens(&state, chat).await.map_err(|e| e.renamed(FIELD_NAMES))?;
     Ok(Json(TokensCount { input_tokens }))
 }

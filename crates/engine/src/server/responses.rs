@@ -12,7 +12,7 @@ use axum::Json;
 use serde_json::{json, Value};
 use slotgate_protocol::responses::output::{Echo, Outcome};
 use slotgate_protocol::responses::stream::Translator;
-use slotgate_protocol::responses::ResponsesRequest;
+use slotgate_protocol::responses::{ResponsesRequest, FIELD_NAMES};
 use slotgate_protocol::{ApiError, ChatCompletionChunk, ChatMessage, ErrorEnvelope, ErrorType};
 
 use super::body::JsonBody;
@@ -42,7 +42,9 @@ pub async fn create(
     let id = format!("resp_{:016x}{:032x}", crate::ids::nonce(), rand::random::<u128>());
     let echo = Echo::of(&req, id.clone(), now(), served.id.clone());
     let streamed = chat.sampling.is_stream();
-    let answer = super::chat::respond_by(&state, &headers, chat, served).await?;
+    let answer = super::chat::respond_by(&state, &headers, chat, served)
+        .await
+        .map_err(|e| e.renamed(FIELD_NAMES))?;
     let store = req.stores().then(|| (state.responses.clone(), id, conversation, owner));
     if streamed {
         return Ok(translate_stream(answer, echo, store));
@@ -140,7 +142,8 @@ pub async fn input_tokens(
         None => Vec::new(),
     };
     let chat = req.to_chat(req.conversation(&previous)?)?;
-    let tokens = super::chat::prompt_tokens(&state, chat).await?;
+    let tokens =
+        super::chat::prompt_tokens(&state, chat).await.map_err(|e| e.renamed(FIELD_NAMES))?;
     Ok(Json(json!({"object": "response.input_tokens", "input_tokens": tokens})))
 }
 

@@ -12,6 +12,15 @@ use crate::{
     Tool,
 };
 
+/// Chat's names of the fields a Messages request sets, and the request's own:
+/// a refusal of the chat it translates to names them so
+/// ([`ApiError::renamed`]).
+pub const FIELD_NAMES: &[(&str, &str)] = &[
+    ("max_completion_tokens", "max_tokens"),
+    ("stop", "stop_sequences"),
+    (".function.parameters", ".input_schema"),
+];
+
 impl MessagesRequest {
     /// The chat request it means; a 400 naming the field chat cannot carry.
     pub fn to_chat(&self) -> Result<ChatCompletionRequest, ApiError> {

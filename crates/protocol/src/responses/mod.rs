@@ -15,6 +15,17 @@ use crate::{
     StreamOptions, Tool,
 };
 
+/// Chat's names of the fields a Responses request sets, and the request's own:
+/// a refusal of the chat it translates to names them so
+/// ([`ApiError::renamed`]).
+pub const FIELD_NAMES: &[(&str, &str)] = &[
+    ("max_completion_tokens", "max_output_tokens"),
+    ("max_tokens", "max_output_tokens"),
+    ("response_format", "text.format"),
+    ("messages", "input"),
+    (".function.parameters", ".parameters"),
+];
+
 /// The header with which a gateway tells an engine whose a request is (a
 /// digest of its key): a stored response is found again only by its owner.
 pub const OWNER_HEADER: &str = "x-slotgate-owner";
