@@ -340,6 +340,29 @@ async fn a_messages_stream_cut_off_ends_with_an_anthropic_error_event() {
     assert_eq!((&data["type"], &data["error"]["type"]), (&json!("error"), &json!("api_error")));
 }
 
+/// A Responses stream whose backend dies ends with an `error` event of the
+/// Responses API, numbered after the last event relayed, as its SDKs read it.
+#[tokio::test]
+async fn a_responses_stream_cut_off_ends_with_a_numbered_error_event() {
+    let fake = Fake::start("fake", 1).await;
+    fake.push(&[Step::DieMidStream(3)]);
+    let gw = gateway(&[&fake.url], &[]);
+    let client = client();
+    ready(&client, &gw, 1).await;
+    let body = json!({"model": "fake", "input": "x", "stream": true});
+    let response =
+        client.post(format!("{}/v1/responses", gw.url)).json(&body).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let text = response.text().await.unwrap();
+    let last = text.trim_end().rsplit("\n\n").next().unwrap();
+    let (name, data) = last.split_once('\n').unwrap();
+    assert_eq!(name, "event: error", "{text}");
+    let data: Value = serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!((&data["type"], &data["code"]), (&json!("error"), &json!("server_error")));
+    // The fake's three events were numbered 0 to 2 (as an engine numbers them).
+    assert_eq!(data["sequence_number"], 3, "{text}");
+}
+
 /// A conversation of the Responses API over two engines and two gateway
 /// replicas: each turn goes to a replica other than the last one's, and still
 /// to the engine that stored the response it continues, where it is warm.

@@ -14,7 +14,7 @@ use crate::config::error::RETRY_AFTER_SECS;
 use crate::fleet::backend::Backend;
 use crate::fleet::pool::Claim;
 use crate::proxy::record::Record;
-use crate::proxy::relay::Relay;
+use crate::proxy::relay::{Dialect, Relay};
 use crate::proxy::retry::{Failure, Refusal};
 use crate::proxy::upstream::{Body as UpstreamBody, BodyError, SendError};
 use crate::proxy::{strip, Forwarder, FULL_MARK, REQUEST_ID};
@@ -137,7 +137,7 @@ impl Answer {
         mut record: Record,
         strip_usage: bool,
         silence: Duration,
-        anthropic: bool,
+        dialect: Dialect,
     ) -> Response {
         record.answered(backend.url(), status.as_u16());
         match self {
@@ -156,7 +156,7 @@ impl Answer {
             }
             Self::Stream { first, upstream, claim } => {
                 let strip = strip_usage.then(strip::UsageStrip::default);
-                let relay = Relay::new(first, upstream, claim, record, strip, (silence, anthropic));
+                let relay = Relay::new(first, upstream, claim, record, strip, (silence, dialect));
                 let mut response = Response::new(Body::new(relay));
                 *response.status_mut() = status;
                 slotgate_http::event_stream(&mut response);

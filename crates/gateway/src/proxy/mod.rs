@@ -219,9 +219,9 @@ impl Forwarder {
             match (ruling.then, result) {
                 (Then::Deliver, Ok((status, answer))) => {
                     let (strip, silence) = (ready.strip_usage, self.timeouts.chunk);
-                    let anthropic = path == "/v1/messages";
+                    let dialect = relay::Dialect::of(path);
                     let response =
-                        answer.into_response(&backend, status, record, strip, silence, anthropic);
+                        answer.into_response(&backend, status, record, strip, silence, dialect);
                     return Ok(response);
                 }
                 (Then::RetryAfter(pause), _) => tokio::time::sleep(pause).await,

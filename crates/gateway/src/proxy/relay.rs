@@ -42,22 +42,44 @@ pub struct Relay {
     /// Events relayed so far: a stream cut short (the client left, the backend
     /// died) reports no usage, and is charged one token for each.
     events: u64,
-    /// Whether the stream is Anthropic's Messages, whose clients read an error
-    /// as an `event: error` in Anthropic's envelope.
-    anthropic: bool,
+    /// How the stream's clients read an error event.
+    dialect: Dialect,
+}
+
+/// The API a stream speaks, which decides the shape of an error event that ends
+/// it early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// Chat and text completions: a `data:` event with OpenAI's error envelope.
+    OpenAi,
+    /// Anthropic's Messages: `event: error` with Anthropic's envelope.
+    Anthropic,
+    /// OpenAI's Responses: `event: error` with a `type: "error"` event numbered
+    /// after the last one relayed.
+    Responses,
+}
+
+impl Dialect {
+    /// The dialect of a stream from the backend path `path`.
+    pub fn of(path: &str) -> Self {
+        match path {
+            "/v1/messages" => Self::Anthropic,
+            "/v1/responses" => Self::Responses,
+            _ => Self::OpenAi,
+        }
+    }
 }
 
 impl Relay {
     /// Relays `first`, then the rest of `upstream`, which may be silent for
-    /// `silence` at most between chunks; an error ends it in Anthropic's shape
-    /// when `anthropic`.
+    /// `silence` at most between chunks; an error ends it in `dialect`'s shape.
     pub fn new(
         first: Bytes,
         upstream: UpstreamBody,
         claim: Claim,
         record: Record,
         strip: Option<UsageStrip>,
-        (silence, anthropic): (Duration, bool),
+        (silence, dialect): (Duration, Dialect),
     ) -> Self {
         // A stream with an event taken out cannot keep its declared length.
         let sized = upstream.size_hint().exact().is_some() && strip.is_none();
@@ -73,7 +95,7 @@ impl Relay {
             last: Instant::now(),
             timer: None,
             events: 0,
-            anthropic,
+            dialect,
         };
         relay.first = Some(relay.pass(first));
         relay
@@ -124,12 +146,19 @@ impl Relay {
             return Poll::Ready(None);
         }
         let err = ApiError::new(ErrorType::ServerError, message);
-        let event = if self.anthropic {
-            let (_, envelope) = slotgate_protocol::anthropic::error(&err);
-            let data = serde_json::to_string(&envelope).unwrap_or_default();
-            format!("event: error\ndata: {data}\n\n")
-        } else {
-            sse::encode(&err.into_envelope())
+        let event = match self.dialect {
+            Dialect::OpenAi => sse::encode(&err.into_envelope()),
+            Dialect::Anthropic => {
+                let (_, envelope) = slotgate_protocol::anthropic::error(&err);
+                let data = serde_json::to_string(&envelope).unwrap_or_default();
+                format!("event: error\ndata: {data}\n\n")
+            }
+            Dialect::Responses => {
+                // Every event of a Responses stream has one `data:` line, numbered
+                // from 0: the next number is the count relayed.
+                let data = slotgate_protocol::responses::stream::error_event(&err, self.events);
+                format!("event: error\ndata: {data}\n\n")
+            }
         };
         Poll::Ready(Some(Ok(Frame::data(Bytes::from(event)))))
     }

@@ -145,9 +145,9 @@ impl Translator {
     /// `error` and `response.failed`, for an error that ended the stream.
     pub fn error(&mut self, err: &ApiError) -> String {
         self.ended = true;
-        let code = err.code.clone().unwrap_or_else(|| "server_error".into());
-        let mut out =
-            self.event("error", json!({"code": code, "message": err.message, "param": err.param}));
+        let error = error_event(err, self.seq);
+        self.seq += 1;
+        let mut out = format!("event: error\ndata: {error}\n\n");
         let mut response = self.echo.response(Some(&self.outcome));
         response["status"] = json!("failed");
         response["error"] = json!({"code": "server_error", "message": err.message});
@@ -203,6 +203,14 @@ impl Translator {
             None => String::new(),
         }
     }
+}
+
+/// The data of the `error` event numbered `sequence_number` that reports `err`;
+/// also what a gateway sends when it cuts a Responses stream short.
+pub fn error_event(err: &ApiError, sequence_number: u64) -> Value {
+    let code = err.code.clone().unwrap_or_else(|| "server_error".into());
+    json!({"type": "error", "code": code, "message": err.message, "param": err.param,
+        "sequence_number": sequence_number})
 }
 
 #[cfg(test)]
