@@ -167,6 +167,34 @@ async fn anthropic_sdk_through_the_gateway_with_a_key() {
     assert!(m.contains(",api=\"messages\",le="), "{m}");
 }
 
+/// llama-server's `/completion` through a keyed gateway: forwarded with the
+/// key's checks, and its tokens, read from llama-server's own fields, charged
+/// to the key, streamed and not.
+#[tokio::test]
+async fn llama_server_completions_through_the_gateway_are_charged_to_their_key() {
+    let engine = engine(&["--n-parallel", "2", "--ctx-len", "512"]);
+    let key = "[[keys]]\nname = \"team-a\"\nkey = \"sk-team-a\"\n";
+    let (_config, gateway) = keyed_gateway(&(settings(&[&engine.url]) + key), 1, &[]).await;
+    let client = client();
+    let url = format!("{}/completion", gateway.url);
+    let body = json!({"prompt": "Once upon a time", "n_predict": 5, "temperature": 0});
+    let (status, _, refused) = post_as(&client, &url, None, &[], &body).await;
+    assert_eq!(status, 401, "{refused}");
+    let (status, _, answer) = post_as(&client, &url, Some("sk-team-a"), &[], &body).await;
+    assert_eq!((status, answer["tokens_predicted"].as_u64()), (200, Some(5)), "{answer}");
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let response = client.post(&url).bearer_auth("sk-team-a").json(&streamed).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let text = response.text().await.unwrap();
+    assert!(text.contains("\"stop\":true") && !text.contains("[DONE]"), "{text}");
+    let keys = get_as(&client, &format!("{}/admin/keys", gateway.url), ADMIN).await;
+    let usage = &keys["keys"][0]["usage"];
+    let prompt = answer["tokens_evaluated"].as_u64().unwrap();
+    assert_eq!(usage["completion_tokens"].as_u64(), Some(10), "{keys}");
+    assert_eq!(usage["prompt_tokens"].as_u64(), Some(2 * prompt), "{keys}");
+}
+
 /// OpenAI's Responses API through a keyed gateway over two engines: the SDK
 /// works unchanged, every follow-up goes to the engine that stored the
 /// response it continues (and is served warm there), and a stored response is

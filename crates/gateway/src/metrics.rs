@@ -105,7 +105,7 @@ const DESCRIBED: &[(&str, Kind, &str)] = &[
 pub fn api(path: &str) -> &'static str {
     match path {
         "/v1/chat/completions" => "chat",
-        "/v1/completions" => "completions",
+        "/v1/completions" | "/completion" => "completions",
         "/v1/embeddings" => "embeddings",
         p if p.starts_with("/v1/responses") => "responses",
         p if p.starts_with("/v1/messages") => "messages",

@@ -4,7 +4,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::common::{FinishReason, Sampling, Usage};
 
-/// The prompt of a text completion: text or token ids, one or several.
+/// The prompt of a text completion: text or token ids, one or several, and
+/// llama-server's forms besides (ids and text mixed in one prompt; several
+/// prompts of different forms).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Prompt {
@@ -16,6 +18,41 @@ pub enum Prompt {
     Tokens(Vec<u32>),
     /// Several prompts as token ids.
     TokenArrays(Vec<Vec<u32>>),
+    /// One prompt of token ids and texts in turn (`[1, 2, "text", 3]`).
+    Mixed(Vec<PromptPiece>),
+    /// Several prompts, each in any of the forms above.
+    Several(Vec<SubPrompt>),
+}
+
+/// A piece of a mixed prompt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum PromptPiece {
+    /// A token id.
+    Token(u32),
+    /// Text, tokenized in place.
+    Text(String),
+}
+
+/// One prompt among several, in llama-server's forms.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum SubPrompt {
+    /// Text.
+    Text(String),
+    /// Token ids.
+    Tokens(Vec<u32>),
+    /// Token ids and texts in turn.
+    Mixed(Vec<PromptPiece>),
+    /// `{"prompt_string": ...}`, with `multimodal_data` for a multimodal model
+    /// (refused: the engine serves text).
+    Object {
+        /// The text.
+        prompt_string: String,
+        /// Base64 media; refused.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        multimodal_data: Option<serde_json::Value>,
+    },
 }
 
 /// One prompt after the array forms are taken apart.
@@ -25,6 +62,18 @@ pub enum PromptItem {
     Text(String),
     /// Token ids, used as they are.
     Tokens(Vec<u32>),
+    /// Token ids and texts in turn; only the first piece gets the BOS token.
+    Mixed(Vec<PromptPiece>),
+}
+
+impl SubPrompt {
+    fn item(&self) -> PromptItem {
+        match self {
+            Self::Text(s) | Self::Object { prompt_string: s, .. } => PromptItem::Text(s.clone()),
+            Self::Tokens(t) => PromptItem::Tokens(t.clone()),
+            Self::Mixed(p) => PromptItem::Mixed(p.clone()),
+        }
+    }
 }
 
 impl Prompt {
@@ -35,7 +84,41 @@ impl Prompt {
             Self::Texts(v) => v.iter().cloned().map(PromptItem::Text).collect(),
             Self::Tokens(t) => vec![PromptItem::Tokens(t.clone())],
             Self::TokenArrays(v) => v.iter().cloned().map(PromptItem::Tokens).collect(),
+            Self::Mixed(p) => vec![PromptItem::Mixed(p.clone())],
+            Self::Several(v) => v.iter().map(SubPrompt::item).collect(),
         }
+    }
+
+    /// How many prompts it holds.
+    pub fn count(&self) -> usize {
+        match self {
+            Self::Texts(v) => v.len(),
+            Self::TokenArrays(v) => v.len(),
+            Self::Several(v) => v.len(),
+            Self::Text(_) | Self::Tokens(_) | Self::Mixed(_) => 1,
+        }
+    }
+
+    /// Whether it, or one of its prompts, is empty.
+    pub fn has_empty(&self) -> bool {
+        let empty = |item: &PromptItem| match item {
+            PromptItem::Text(_) => false,
+            PromptItem::Tokens(t) => t.is_empty(),
+            PromptItem::Mixed(p) => p.is_empty(),
+        };
+        match self {
+            Self::Texts(v) => v.is_empty(),
+            Self::TokenArrays(v) if v.is_empty() => true,
+            Self::Several(v) if v.is_empty() => true,
+            _ => self.items().iter().any(empty),
+        }
+    }
+
+    /// Whether a prompt carries media (`multimodal_data`), which a text model
+    /// cannot read.
+    pub fn has_media(&self) -> bool {
+        matches!(self, Self::Several(v) if v.iter().any(|p| matches!(p,
+            SubPrompt::Object { multimodal_data: Some(_), .. })))
     }
 }
 

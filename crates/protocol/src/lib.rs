@@ -12,6 +12,7 @@ pub mod embeddings;
 pub mod error;
 pub mod logprobs;
 pub mod models;
+pub mod native;
 pub mod parse;
 pub mod responses;
 pub mod slots;
@@ -27,7 +28,9 @@ pub use chat::{
 pub use common::{
     FinishReason, PromptTokensDetails, Sampling, Stop, StopReason, StreamOptions, Usage,
 };
-pub use completions::{Completion, CompletionChoice, CompletionRequest, Prompt, PromptItem};
+pub use completions::{
+    Completion, CompletionChoice, CompletionRequest, Prompt, PromptItem, PromptPiece, SubPrompt,
+};
 pub use embeddings::{
     Embedding, EmbeddingInput, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage,
     EmbeddingVector, EncodingFormat,

@@ -3,7 +3,7 @@
 
 use crate::chat::{ChatCompletionRequest, MessageContent, Role};
 use crate::common::Sampling;
-use crate::completions::{CompletionRequest, Prompt};
+use crate::completions::CompletionRequest;
 use crate::embeddings::{EmbeddingInput, EmbeddingRequest};
 use crate::error::ApiError;
 
@@ -251,20 +251,16 @@ impl CompletionRequest {
         if self.model.is_empty() {
             return Err(ApiError::invalid("model", "model must not be empty"));
         }
-        let empty = match &self.prompt {
-            Prompt::Text(_) => false,
-            Prompt::Texts(v) => v.is_empty(),
-            Prompt::Tokens(t) => t.is_empty(),
-            Prompt::TokenArrays(v) => v.is_empty() || v.iter().any(Vec::is_empty),
-        };
-        if empty {
+        if self.prompt.has_empty() {
             return Err(ApiError::invalid("prompt", "prompt must not be empty"));
         }
-        let count = match &self.prompt {
-            Prompt::Texts(v) => v.len(),
-            Prompt::TokenArrays(v) => v.len(),
-            Prompt::Text(_) | Prompt::Tokens(_) => 1,
-        };
+        if self.prompt.has_media() {
+            return Err(ApiError::invalid(
+                "prompt",
+                "multimodal_data: this engine serves text models; send the prompt as text",
+            ));
+        }
+        let count = self.prompt.count();
         if count > MAX_PROMPTS {
             return Err(ApiError::invalid(
                 "prompt",

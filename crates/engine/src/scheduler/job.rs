@@ -133,7 +133,7 @@ impl ChoiceIndex {
     }
 }
 
-/// Token counts of one finished choice.
+/// What one finished choice used: its token counts, its slot and its time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ChoiceUsage {
     /// Tokens of the choice's prompt.
@@ -142,6 +142,12 @@ pub struct ChoiceUsage {
     pub cached_tokens: u32,
     /// Tokens sampled, the end-of-generation token included.
     pub completion_tokens: u32,
+    /// The slot that served it (llama-server's `id_slot`).
+    pub slot: u32,
+    /// From its admission to a slot to its first sampled token: reading the prompt.
+    pub prompt_time: std::time::Duration,
+    /// From its first sampled token to its end.
+    pub generation_time: std::time::Duration,
 }
 
 /// What the scheduler tells a job, on the job's own channel.
@@ -156,6 +162,8 @@ pub enum Event {
         /// The log probabilities of the tokens sampled since the last event, when
         /// asked for (a token's text may come in a later event than its entry).
         logprobs: Vec<TokenLogprob>,
+        /// The ids of the tokens sampled since the last event.
+        tokens: Vec<i32>,
     },
     /// Choice `index` is complete.
     Done {

@@ -21,6 +21,8 @@ pub(crate) struct Running {
     pub text: TextStream,
     /// Log probabilities of tokens whose text has not gone out yet.
     pub logprobs: Vec<TokenLogprob>,
+    /// Ids of the tokens sampled since the last text went out.
+    pub ids: Vec<i32>,
     /// Prompt tokens decoded so far (cached ones included).
     pub n_prompt_done: usize,
     /// Prompt tokens that were already in the cache.
@@ -237,6 +239,7 @@ mod tests {
             sampler: Some(ChoiceSampler::greedy()),
             text: TextStream::new(Vec::new()),
             logprobs: Vec::new(),
+            ids: Vec::new(),
             n_prompt_done: 0,
             cached: 0,
             generated: 0,

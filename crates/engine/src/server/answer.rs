@@ -56,6 +56,10 @@ pub struct Collected {
     pub reasons: Vec<FinishReason>,
     /// Per choice, the stop string that ended it, if one did.
     pub stops: Vec<Option<String>>,
+    /// Per choice, the ids of its tokens.
+    pub tokens: Vec<Vec<i32>>,
+    /// Per choice, its slot, token counts and times.
+    pub usages: Vec<ChoiceUsage>,
     /// Log probabilities per choice (empty unless asked for).
     pub logprobs: Vec<Vec<TokenLogprob>>,
     /// Token counts.
@@ -65,14 +69,19 @@ pub struct Collected {
 impl Collected {
     /// Each choice, in index order.
     pub fn choices(self) -> impl Iterator<Item = Choice> {
-        let each = self.texts.into_iter().zip(self.reasons).zip(self.stops).zip(self.logprobs);
-        (0u32..).zip(each).map(|(index, (((text, reason), stop), logprobs))| Choice {
-            index,
-            text,
-            reason,
-            stop,
-            logprobs,
-        })
+        let each = self.texts.into_iter().zip(self.reasons).zip(self.stops);
+        let more = self.logprobs.into_iter().zip(self.tokens).zip(self.usages);
+        (0u32..).zip(each.zip(more)).map(
+            |(index, (((text, reason), stop), ((logprobs, tokens), usage)))| Choice {
+                index,
+                text,
+                reason,
+                stop,
+                logprobs,
+                tokens,
+                usage,
+            },
+        )
     }
 }
 
@@ -89,6 +98,10 @@ pub struct Choice {
     pub stop: Option<String>,
     /// Its log probabilities (empty unless asked for).
     pub logprobs: Vec<TokenLogprob>,
+    /// The ids of its tokens.
+    pub tokens: Vec<i32>,
+    /// Its slot, token counts and times.
+    pub usage: ChoiceUsage,
 }
 
 /// The answer to a job: streamed through `writer` when `streamed` says how,
@@ -130,6 +143,8 @@ pub async fn collect(
     let mut logprobs = vec![Vec::new(); n];
     let mut reasons = vec![None; n];
     let mut stops = vec![None; n];
+    let mut tokens = vec![Vec::new(); n];
+    let mut usages = vec![ChoiceUsage::default(); n];
     let mut usage = UsageSum::default();
     let mut done = 0;
     let mut next = Some(first);
@@ -139,14 +154,17 @@ pub async fn collect(
             None => rx.recv().await.ok_or_else(ApiError::internal)?,
         };
         match event {
-            Event::Text { index, text, logprobs: l } => {
+            Event::Text { index, text, logprobs: l, tokens: ids } => {
                 let i = index.flat() as usize;
                 texts[i].push_str(&text);
                 logprobs[i].extend(l);
+                tokens[i].extend(ids);
             }
             Event::Done { index, reason, stop, usage: u } => {
-                reasons[index.flat() as usize] = Some(reason);
-                stops[index.flat() as usize] = stop;
+                let i = index.flat() as usize;
+                reasons[i] = Some(reason);
+                stops[i] = stop;
+                usages[i] = u;
                 usage.add(index, u);
                 done += 1;
             }
@@ -157,22 +175,51 @@ pub async fn collect(
         texts,
         reasons: reasons.into_iter().map(|r| r.unwrap_or(FinishReason::Stop)).collect(),
         stops,
+        tokens,
+        usages,
         logprobs,
         usage: usage.usage(),
     })
+}
+
+/// New text of a choice, as a writer gets it.
+#[derive(Debug, Default)]
+pub struct Piece {
+    /// The text.
+    pub text: String,
+    /// Where it starts in the choice's text, in characters.
+    pub offset: u32,
+    /// The log probabilities of the tokens sampled since the last piece.
+    pub logprobs: Vec<TokenLogprob>,
+    /// The ids of the tokens sampled since the last piece.
+    pub tokens: Vec<i32>,
+}
+
+/// How a choice ended, as a writer gets it.
+#[derive(Debug)]
+pub struct Ending {
+    /// Why.
+    pub reason: FinishReason,
+    /// The stop string that ended it, if one did.
+    pub stop: Option<String>,
+    /// Its slot, token counts and times.
+    pub usage: ChoiceUsage,
 }
 
 /// How one kind of answer writes its chunks.
 pub trait ChunkWriter: Send + 'static {
     /// The chunk that opens choice `index`, if this format has one.
     fn open(&self, index: u32) -> Option<String>;
-    /// New text of a choice, which starts at character `offset` of its text, and
-    /// the log probabilities of the tokens sampled since the last chunk.
-    fn text(&self, index: u32, text: String, offset: u32, logprobs: Vec<TokenLogprob>) -> String;
-    /// The last chunk of a choice, which `stop` ended if it is a stop string's.
-    fn finish(&self, index: u32, reason: FinishReason, stop: Option<String>) -> String;
+    /// New text of choice `index`.
+    fn text(&self, index: u32, piece: Piece) -> String;
+    /// The last chunk of choice `index`.
+    fn finish(&self, index: u32, ending: Ending) -> String;
     /// The final usage chunk.
     fn usage(&self, usage: Usage) -> String;
+    /// What ends the stream: OpenAI's `data: [DONE]`, unless the format has none.
+    fn done(&self) -> &'static str {
+        sse::DONE_EVENT
+    }
 }
 
 /// How a stream is written, apart from its chunks.
@@ -260,7 +307,7 @@ impl<W: ChunkWriter> StreamState<W> {
     fn write(&mut self, event: Option<Event>) -> String {
         let mut out = String::new();
         match event {
-            Some(Event::Text { index: choice, text, logprobs }) => {
+            Some(Event::Text { index: choice, text, logprobs, tokens }) => {
                 let index = choice.flat();
                 self.open(index, &mut out);
                 let sent = self.sent.get_mut(index as usize);
@@ -269,19 +316,19 @@ impl<W: ChunkWriter> StreamState<W> {
                 if let Some(sent) = sent {
                     *sent += chars;
                 }
-                out.push_str(&self.writer.text(index, text, offset, logprobs));
+                out.push_str(&self.writer.text(index, Piece { text, offset, logprobs, tokens }));
             }
             Some(Event::Done { index: choice, reason, stop, usage }) => {
                 let index = choice.flat();
                 self.open(index, &mut out);
-                out.push_str(&self.writer.finish(index, reason, stop));
+                out.push_str(&self.writer.finish(index, Ending { reason, stop, usage }));
                 self.usage.add(choice, usage);
                 self.done += 1;
                 if self.done == self.shape.choices {
                     if self.include_usage {
                         out.push_str(&self.writer.usage(self.usage.usage()));
                     }
-                    out.push_str(sse::DONE_EVENT);
+                    out.push_str(self.writer.done());
                     self.ended = true;
                 }
             }

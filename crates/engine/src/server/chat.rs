@@ -18,7 +18,7 @@ use slotgate_protocol::{
     Role, StopReason, TokenLogprob, ToolCall, ToolCallDelta, Usage,
 };
 
-use super::answer::{self, ChunkWriter, Shape};
+use super::answer::{self, ChunkWriter, Ending, Piece, Shape};
 use super::body::JsonBody;
 use super::generate::{now, resolve_model, run, streamed};
 use super::AppState;
@@ -309,7 +309,8 @@ impl ChunkWriter for ChatChunks {
         Some(self.delta(index, delta, None))
     }
 
-    fn text(&self, index: u32, text: String, _offset: u32, logprobs: Vec<TokenLogprob>) -> String {
+    fn text(&self, index: u32, piece: Piece) -> String {
+        let Piece { text, logprobs, .. } = piece;
         if self.plan.is_none() {
             return self.content(index, text, logprobs);
         }
@@ -340,7 +341,8 @@ impl ChunkWriter for ChatChunks {
         out
     }
 
-    fn finish(&self, index: u32, reason: FinishReason, stop: Option<String>) -> String {
+    fn finish(&self, index: u32, ending: Ending) -> String {
+        let Ending { reason, stop, .. } = ending;
         let Some(plan) = &self.plan else {
             return self.last(index, reason, stop.clone());
         };

@@ -14,7 +14,7 @@ use slotgate_protocol::{
 
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use super::answer::{self, ChunkWriter, Shape, Streamed};
+use super::answer::{self, ChunkWriter, Ending, Piece, Shape, Streamed};
 use super::body::JsonBody;
 use super::AppState;
 use crate::error::EngineError;
@@ -127,18 +127,7 @@ pub async fn completions(
     let served = resolve_model(&state, &mut req.model)?;
     req.validate().map_err(EngineError::Api)?;
     let max_tokens = req.max_tokens.unwrap_or(COMPLETION_DEFAULT_MAX_TOKENS);
-    let mut params = GenParams::from_sampling(&req.sampling, Some(max_tokens));
-    params.logprobs = req
-        .logprobs
-        .or(req.sampling.n_probs.filter(|n| *n > 0))
-        .map(|n| n.min(slotgate_protocol::logprobs::MAX_TOP_LOGPROBS));
-    params.echo = req.echo.unwrap_or(false);
-    params.grammar = crate::constrain::grammar(
-        req.sampling.grammar.as_deref(),
-        req.sampling.json_schema.as_ref(),
-        req.response_format.as_ref(),
-    )
-    .map_err(EngineError::Api)?;
+    let params = completion_params(&req, Some(max_tokens))?;
     let items = req.prompt.items();
     let shape = Shape { choices: items.len() as u32 * params.n };
     let writer = CompletionChunks {
@@ -164,6 +153,26 @@ pub async fn completions(
         Json(writer.completion(choices, Some(usage))).into_response()
     });
     Ok(answer.await?)
+}
+
+/// How a text completion samples, with at most `max_tokens` per choice
+/// (`None`: until the context is full).
+pub(super) fn completion_params(
+    req: &CompletionRequest,
+    max_tokens: Option<u32>,
+) -> Result<GenParams, EngineError> {
+    let mut params = GenParams::from_sampling(&req.sampling, max_tokens);
+    params.logprobs = req
+        .logprobs
+        .or(req.sampling.n_probs.filter(|n| *n > 0))
+        .map(|n| n.min(slotgate_protocol::logprobs::MAX_TOP_LOGPROBS));
+    params.echo = req.echo.unwrap_or(false);
+    params.grammar = crate::constrain::grammar(
+        req.sampling.grammar.as_deref(),
+        req.sampling.json_schema.as_ref(),
+        req.response_format.as_ref(),
+    )?;
+    Ok(params)
 }
 
 /// How a request's answer is streamed, if it asked for a stream.
@@ -217,14 +226,14 @@ impl ChunkWriter for CompletionChunks {
         None
     }
 
-    fn text(&self, index: u32, text: String, offset: u32, logprobs: Vec<TokenLogprob>) -> String {
-        let logprobs = self.logprobs(&logprobs, offset);
-        sse::encode(&self.completion(vec![self.choice(index, text, None, logprobs)], None))
+    fn text(&self, index: u32, piece: Piece) -> String {
+        let logprobs = self.logprobs(&piece.logprobs, piece.offset);
+        sse::encode(&self.completion(vec![self.choice(index, piece.text, None, logprobs)], None))
     }
 
-    fn finish(&self, index: u32, reason: FinishReason, stop: Option<String>) -> String {
-        let mut choice = self.choice(index, String::new(), Some(reason), None);
-        choice.stop_reason = stop.map(StopReason::Text);
+    fn finish(&self, index: u32, ending: Ending) -> String {
+        let mut choice = self.choice(index, String::new(), Some(ending.reason), None);
+        choice.stop_reason = ending.stop.map(StopReason::Text);
         sse::encode(&self.completion(vec![choice], None))
     }
 

@@ -9,6 +9,7 @@ mod chat;
 mod events;
 mod generate;
 mod messages;
+mod native;
 mod recorded;
 mod responses;
 mod restream;
@@ -71,6 +72,7 @@ pub fn router(state: AppState) -> Router {
         .route("/chat/completions", post(chat::chat))
         .route("/completions", post(generate::completions))
         .route("/embeddings", post(generate::embeddings))
+        .route("/completion", post(native::completion))
         .route("/responses", post(responses::create))
         .route("/responses/input_tokens", post(responses::input_tokens))
         .route_layer(axum::middleware::from_fn(recorded::record));

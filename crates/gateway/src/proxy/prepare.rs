@@ -50,8 +50,9 @@ pub(super) fn prepare(
     let target = caller.live.aliases.get(&peek.model);
     // Keys are charged for tokens, so a stream must report them: asked for
     // here when the client did not, and taken out again before it sees them.
-    // A Messages or Responses stream always reports them.
-    let reports = matches!(path, "/v1/messages" | "/v1/responses");
+    // A Messages or Responses stream always reports them, as does
+    // llama-server's `/completion`.
+    let reports = matches!(path, "/v1/messages" | "/v1/responses" | "/completion");
     let strip_usage = caller.tenant.is_some() && peek.stream && !peek.usage_asked && !reports;
     // Salts are the key's (only generation reads a prompt cache): with cache
     // isolation, its prompts share cached prefixes with no other key's.

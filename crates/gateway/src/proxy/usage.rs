@@ -17,6 +17,12 @@ static INPUT: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"input
 static OUTPUT: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"output_tokens\""));
 static CACHE_READ: LazyLock<Finder<'static>> =
     LazyLock::new(|| Finder::new(b"\"cache_read_input_tokens\""));
+// llama-server's `/completion`: the last event (or the answer) says both counts.
+static EVALUATED: LazyLock<FinderRev<'static>> =
+    LazyLock::new(|| FinderRev::new(b"\"tokens_evaluated\""));
+static PREDICTED: LazyLock<FinderRev<'static>> =
+    LazyLock::new(|| FinderRev::new(b"\"tokens_predicted\""));
+static CACHE_N: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"cache_n\""));
 
 /// Tokens of one answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,7 +39,7 @@ pub struct Usage {
 /// for anything else, after one pass over the bytes. A `"usage"` inside a text
 /// is escaped (`\"usage\"`) and never matches.
 pub fn scan(bytes: &[u8]) -> Option<Usage> {
-    let at = USAGE.rfind(bytes)?;
+    let Some(at) = USAGE.rfind(bytes) else { return native(bytes) };
     let usage = &bytes[at..];
     let Some(prompt) = number_after(usage, &PROMPT) else { return messages(usage) };
     let completion = number_after(usage, &COMPLETION).unwrap_or(0);
@@ -54,6 +60,21 @@ fn messages(usage: &[u8]) -> Option<Usage> {
             Usage { prompt: input, completion, cached: number_after(usage, &CACHED).unwrap_or(0) }
         }
     })
+}
+
+/// The usage of llama-server's native answer, or of its stream's last event:
+/// `tokens_evaluated` (the prompt), the `tokens_predicted` before it, and
+/// `timings.cache_n` after it.
+fn native(bytes: &[u8]) -> Option<Usage> {
+    let at = EVALUATED.rfind(bytes)?;
+    let prompt = number_after(&bytes[at..], &Finder::new(EVALUATED.needle()))?;
+    let before = &bytes[..at];
+    let completion = PREDICTED
+        .rfind(before)
+        .and_then(|p| number_after(&before[p..], &Finder::new(PREDICTED.needle())))
+        .unwrap_or(0);
+    let cached = number_after(&bytes[at..], &CACHE_N).unwrap_or(0);
+    Some(Usage { prompt, completion, cached })
 }
 
 /// The unsigned number that follows the key `finder` finds, and its colon.
@@ -77,6 +98,9 @@ mod tests {
         assert_eq!(scan(br#"{"usage":null}"#), None);
         assert_eq!(scan(br#"data: {"choices":[{"delta":{"content":"usage"}}]}"#), None);
         assert_eq!(scan(br#"data: {"choices":[{"delta":{"content":""usage""}}]}"#), None);
+        let native = br#"data: {"content":"","tokens_predicted":8,"tokens_evaluated":18,"timings":{"cache_n":6}}"#;
+        assert_eq!(scan(native), Some(Usage { prompt: 18, completion: 8, cached: 6 }));
+        assert_eq!(scan(br#"data: {"content":"x","tokens_predicted":3}"#), None, "mid-stream");
         let messages = b"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"input_tokens\":4,\"output_tokens\":9,\"cache_read_input_tokens\":6}}\n\n";
         assert_eq!(scan(messages), Some(Usage { prompt: 10, completion: 9, cached: 6 }));
         let responses = br#"{"object":"response","usage":{"input_tokens":36,"input_tokens_details":{"cached_tokens":20},"output_tokens":8}}"#;

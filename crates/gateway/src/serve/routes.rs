@@ -36,10 +36,11 @@ use crate::serve::app::{App, AppState};
 
 /// The endpoints forwarded to a backend, by path, and the path they are sent to;
 /// POST only. The paths without `/v1` are llama-server's aliases, which clients
-/// written for it send; `/tokenize`, `/detokenize` and `/apply-template` are its own endpoints.
+/// written for it send; `/completion`, `/tokenize`, `/detokenize` and
+/// `/apply-template` are its own endpoints.
 /// `/v1/messages` is Anthropic's Messages API and `/v1/responses` OpenAI's
 /// Responses API, which the engines serve.
-pub(crate) const FORWARDED: [(&str, &str); 15] = [
+pub(crate) const FORWARDED: [(&str, &str); 16] = [
     ("/v1/chat/completions", "/v1/chat/completions"),
     ("/v1/completions", "/v1/completions"),
     ("/v1/embeddings", "/v1/embeddings"),
@@ -55,6 +56,7 @@ pub(crate) const FORWARDED: [(&str, &str); 15] = [
     ("/v1/responses/input_tokens", "/v1/responses/input_tokens"),
     ("/responses", "/v1/responses"),
     ("/responses/input_tokens", "/v1/responses/input_tokens"),
+    ("/completion", "/completion"),
 ];
 
 /// The gateway's HTTP service, one per worker thread.

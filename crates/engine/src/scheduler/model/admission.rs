@@ -130,13 +130,19 @@ impl ModelRuntime {
         if let Some(text) = &task.echo_text {
             task.send(
                 outbox,
-                Event::Text { index: task.index, text: text.to_string(), logprobs: Vec::new() },
+                Event::Text {
+                    index: task.index,
+                    text: text.to_string(),
+                    logprobs: Vec::new(),
+                    tokens: Vec::new(),
+                },
             );
         }
         slot.running = Some(Running {
             sampler: Some(sampler),
             text: TextStream::new(task.params.stop.clone()),
             logprobs: Vec::new(),
+            ids: Vec::new(),
             n_prompt_done: keep,
             cached: keep,
             generated: 0,

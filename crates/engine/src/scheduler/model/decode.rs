@@ -173,7 +173,7 @@ impl Sampled<'_> {
         };
         if let Some(reason) = ended {
             if let Some(run) = slot.running.take() {
-                finish(run, reason, self.id, outbox);
+                finish(run, reason, (self.id, slot.id), outbox);
             }
         }
     }
@@ -219,11 +219,13 @@ impl Sampled<'_> {
                 top_logprobs,
             });
         }
+        run.ids.push(token.0);
         let pushed = run.text.push(&piece);
         if !pushed.text.is_empty() {
             let logprobs = std::mem::take(&mut run.logprobs);
-            run.task
-                .send(outbox, Event::Text { index: run.task.index, text: pushed.text, logprobs });
+            let tokens = std::mem::take(&mut run.ids);
+            let index = run.task.index;
+            run.task.send(outbox, Event::Text { index, text: pushed.text, logprobs, tokens });
         }
         if pushed.stopped {
             return Some(FinishReason::Stop);
@@ -240,16 +242,25 @@ impl Sampled<'_> {
 }
 
 /// Ends a choice: the held-back text, its usage and its metrics.
-fn finish(mut run: Running, reason: FinishReason, id: &str, outbox: &mut Outbox) {
+/// `at` is the model's id and the slot's.
+fn finish(mut run: Running, reason: FinishReason, at: (&str, u32), outbox: &mut Outbox) {
+    let (id, slot) = at;
     let rest = run.text.finish();
-    if !rest.is_empty() || !run.logprobs.is_empty() {
+    if !rest.is_empty() || !run.logprobs.is_empty() || !run.ids.is_empty() {
         let logprobs = std::mem::take(&mut run.logprobs);
-        run.task.send(outbox, Event::Text { index: run.task.index, text: rest, logprobs });
+        let tokens = std::mem::take(&mut run.ids);
+        let index = run.task.index;
+        run.task.send(outbox, Event::Text { index, text: rest, logprobs, tokens });
     }
+    let now = Instant::now();
+    let first = run.first_token.unwrap_or(now);
     let usage = ChoiceUsage {
         prompt_tokens: run.task.prompt.len() as u32,
         cached_tokens: run.cached as u32,
         completion_tokens: run.generated,
+        slot,
+        prompt_time: first.saturating_duration_since(run.admitted),
+        generation_time: now.saturating_duration_since(first),
     };
     if let Some(first) = run.first_token {
         if run.generated > 1 {

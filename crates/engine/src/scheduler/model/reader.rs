@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use llama_cpp_2::model::{LlamaChatMessage, LlamaModel};
 use llama_cpp_2::token::LlamaToken;
-use slotgate_protocol::{ApiError, ChatMessage, ErrorType, PromptItem, Tool};
+use slotgate_protocol::{ApiError, ChatMessage, ErrorType, PromptItem, PromptPiece, Tool};
 
 use crate::scheduler::grammar::Grammar;
 use crate::scheduler::job::{GenParams, JobInput};
@@ -102,22 +102,25 @@ impl Reader {
                     match item {
                         PromptItem::Text(text) => self.fits_bytes(text.len(), which, "prompt")?,
                         PromptItem::Tokens(ids) => self.fits_tokens(ids.len(), which, "prompt")?,
+                        PromptItem::Mixed(pieces) => {
+                            let bytes = pieces.iter().map(|p| match p {
+                                PromptPiece::Text(text) => text.len(),
+                                PromptPiece::Token(_) => self.longest_piece,
+                            });
+                            self.fits_bytes(bytes.sum(), which, "prompt")?;
+                        }
                     }
                 }
                 let mut out = Vec::with_capacity(items.len());
                 for (i, item) in items.iter().enumerate() {
+                    let param =
+                        if items.len() > 1 { format!("prompt[{i}]") } else { "prompt".into() };
                     out.push(match item {
                         PromptItem::Text(text) => {
                             (vocab.tokenize(text.as_bytes(), true, true), text.clone())
                         }
-                        PromptItem::Tokens(ids) => {
-                            let param = if items.len() > 1 {
-                                format!("prompt[{i}]")
-                            } else {
-                                "prompt".into()
-                            };
-                            let tokens =
-                                self.token_ids(ids.iter().map(|&id| i64::from(id)), &param)?;
+                        PromptItem::Tokens(_) | PromptItem::Mixed(_) => {
+                            let tokens = self.item_tokens(item, &param)?;
                             let text = if params.echo {
                                 String::from_utf8_lossy(&vocab.detokenize(&tokens, false, false))
                                     .into_owned()
@@ -144,6 +147,31 @@ impl Reader {
         Ok(ReadJob { prompts, grammar })
     }
 
+    /// The tokens of a prompt given as ids, or as ids and texts in turn (each
+    /// text tokenized in place, as llama-server does: special tokens parsed, the
+    /// BOS token only before a text that opens the prompt).
+    fn item_tokens(&self, item: &PromptItem, param: &str) -> Result<Vec<LlamaToken>, ApiError> {
+        let vocab = self.model.vocab();
+        match item {
+            PromptItem::Text(text) => Ok(vocab.tokenize(text.as_bytes(), true, true)),
+            PromptItem::Tokens(ids) => self.token_ids(ids.iter().map(|&id| i64::from(id)), param),
+            PromptItem::Mixed(pieces) => {
+                let mut tokens = Vec::new();
+                for (k, piece) in pieces.iter().enumerate() {
+                    match piece {
+                        PromptPiece::Token(id) => {
+                            tokens.extend(self.token_ids([i64::from(*id)], param)?);
+                        }
+                        PromptPiece::Text(text) => {
+                            tokens.extend(vocab.tokenize(text.as_bytes(), k == 0, true));
+                        }
+                    }
+                }
+                Ok(tokens)
+            }
+        }
+    }
+
     /// Embeddings inputs as tokens, each checked to fit the embedding context (a
     /// slot's length); texts are measured before any is tokenized.
     pub fn read_inputs(&self, inputs: &[PromptItem]) -> Result<Vec<Vec<LlamaToken>>, ApiError> {
@@ -164,7 +192,7 @@ impl Reader {
                     );
                     return Err(self.too_long(message, &param(i), None));
                 }
-                PromptItem::Text(_) => {}
+                PromptItem::Text(_) | PromptItem::Mixed(_) => {}
                 PromptItem::Tokens(ids) => self.fits_embedding(ids.len(), &param(i))?,
             }
         }
@@ -173,9 +201,7 @@ impl Reader {
         for (i, input) in inputs.iter().enumerate() {
             let tokens = match input {
                 PromptItem::Text(text) => vocab.tokenize(text.as_bytes(), true, false),
-                PromptItem::Tokens(ids) => {
-                    self.token_ids(ids.iter().map(|&t| i64::from(t)), &param(i))?
-                }
+                other => self.item_tokens(other, &param(i))?,
             };
             self.fits_embedding(tokens.len(), &param(i))?;
             out.push(tokens);

@@ -1,0 +1,114 @@
+//! llama-server's own completion API, `POST /completion`: its request (a
+//! prompt in any of llama-server's forms, `n_predict`, `return_tokens`) as the
+//! text completion it means, and the names of its answer's stop types.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{ApiError, CompletionRequest, FinishReason, Prompt, Sampling};
+
+/// The body of `POST /completion`. Sampling fields are chat's and completions'
+/// (llama.cpp's own among them); fields this server does not use are accepted
+/// and ignored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NativeRequest {
+    /// The model; left out, the only one served.
+    #[serde(default)]
+    pub model: String,
+    /// The prompt or prompts.
+    pub prompt: Prompt,
+    /// Most tokens to generate; -1 (the default) until the context is full.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_predict: Option<i64>,
+    /// Send the ids of the generated tokens in `tokens`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub return_tokens: Option<bool>,
+    /// Sampling and streaming settings.
+    #[serde(flatten)]
+    pub sampling: Sampling,
+}
+
+impl NativeRequest {
+    /// The most tokens it may generate: `None` until the context is full.
+    pub fn max_tokens(&self) -> Result<Option<u32>, ApiError> {
+        match self.n_predict {
+            None => Ok(None),
+            Some(n) if n < 0 => Ok(None),
+            Some(0) => Err(ApiError::invalid("n_predict", "n_predict must be at least 1, or -1")),
+            Some(n) => Ok(Some(u32::try_from(n).unwrap_or(u32::MAX))),
+        }
+    }
+
+    /// The text completion it means.
+    pub fn to_completion(&self) -> CompletionRequest {
+        let mut req = CompletionRequest::new(self.model.clone(), self.prompt.clone());
+        req.sampling = self.sampling.clone();
+        req
+    }
+}
+
+/// llama-server's `stop_type` of a choice that ended for `reason`, at a stop
+/// string if `word`: `eos` (the model's end), `word`, or `limit` (`n_predict`
+/// or the context).
+pub fn stop_type(reason: FinishReason, word: bool) -> &'static str {
+    match reason {
+        FinishReason::Length => "limit",
+        _ if word => "word",
+        _ => "eos",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::{PromptItem, PromptPiece};
+
+    fn request(body: serde_json::Value) -> NativeRequest {
+        serde_json::from_value(body).unwrap()
+    }
+
+    /// llama-server's prompt forms: text, ids, ids and text in one prompt, and
+    /// several prompts of different forms.
+    #[test]
+    fn every_prompt_form_is_read_as_llama_server_reads_it() {
+        let items = |body| request(body).prompt.items();
+        assert_eq!(items(json!({"prompt": "hi"})), [PromptItem::Text("hi".into())]);
+        assert_eq!(items(json!({"prompt": [1, 2]})), [PromptItem::Tokens(vec![1, 2])]);
+        assert_eq!(
+            items(json!({"prompt": [1, "a", 2]})),
+            [PromptItem::Mixed(vec![
+                PromptPiece::Token(1),
+                PromptPiece::Text("a".into()),
+                PromptPiece::Token(2)
+            ])]
+        );
+        assert_eq!(
+            items(json!({"prompt": [[1, 2], "a", {"prompt_string": "b"}]})),
+            [
+                PromptItem::Tokens(vec![1, 2]),
+                PromptItem::Text("a".into()),
+                PromptItem::Text("b".into())
+            ]
+        );
+        assert_eq!(items(json!({"prompt": ["a", "b"]})).len(), 2);
+        let media = request(json!({"prompt": [{"prompt_string": "a", "multimodal_data": ["x"]}]}));
+        assert!(media.prompt.has_media());
+    }
+
+    #[test]
+    fn n_predict_minus_one_is_unbounded_and_zero_is_refused() {
+        assert_eq!(request(json!({"prompt": "a"})).max_tokens().unwrap(), None);
+        assert_eq!(request(json!({"prompt": "a", "n_predict": -1})).max_tokens().unwrap(), None);
+        assert_eq!(request(json!({"prompt": "a", "n_predict": 8})).max_tokens().unwrap(), Some(8));
+        let err = request(json!({"prompt": "a", "n_predict": 0})).max_tokens().unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("n_predict"));
+    }
+
+    #[test]
+    fn stop_types_are_llama_servers() {
+        assert_eq!(stop_type(FinishReason::Length, false), "limit");
+        assert_eq!(stop_type(FinishReason::Stop, true), "word");
+        assert_eq!(stop_type(FinishReason::Stop, false), "eos");
+    }
+}

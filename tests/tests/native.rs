@@ -1,0 +1,121 @@
+//! llama-server's own API on the engine, as tools written for llama-server
+//! call it, on the real default model: `/completion` in its prompt forms,
+//! streamed and not, with the fields those tools read.
+
+use serde_json::{json, Value};
+use slotgate_tests::*;
+
+/// The `data:` events of a llama-server stream, and whether a `[DONE]` came.
+async fn events(client: &reqwest::Client, url: &str, body: &Value) -> (Vec<Value>, bool) {
+    let text = client.post(url).json(body).send().await.unwrap().text().await.unwrap();
+    let data = text.lines().filter_map(|l| l.strip_prefix("data: "));
+    let done = data.clone().any(|d| d == "[DONE]");
+    (data.filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).unwrap()).collect(), done)
+}
+
+/// `/completion` answers as llama-server does: the text, the ids of its
+/// tokens (which detokenize to that text), why it stopped, its counts and
+/// times, the slot that served it; streamed, one event per piece with its
+/// token ids and a last one with everything, and no `[DONE]`.
+#[tokio::test]
+async fn completion_answers_in_llama_servers_shape() {
+    let engine = engine(&["--n-parallel", "2", "--ctx-len", "512"]);
+    let client = client();
+    let url = format!("{}/completion", engine.url);
+    let body = json!({"prompt": "I believe the meaning of life is", "n_predict": 8,
+        "return_tokens": true, "temperature": 0});
+    let (status, answer) = post(&client, &url, &body).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        (answer["stop"].as_bool(), answer["stop_type"].as_str()),
+        (Some(true), Some("limit"))
+    );
+    assert_eq!(answer["tokens_predicted"], 8, "{answer}");
+    assert_eq!(answer["timings"]["predicted_n"], 8, "{answer}");
+    assert_eq!(answer["model"], MODEL);
+    assert_eq!(answer["generation_settings"]["n_predict"], 8);
+    assert!(answer["id_slot"].as_u64().is_some_and(|s| s < 2), "{answer}");
+    let tokens = answer["tokens"].as_array().unwrap().clone();
+    assert_eq!(tokens.len(), 8, "{answer}");
+    let (_, text) =
+        post(&client, &format!("{}/detokenize", engine.url), &json!({"tokens": tokens})).await;
+    assert_eq!(text["content"], answer["content"], "the ids are the text's");
+    let (_, prompt) = post(
+        &client,
+        &format!("{}/tokenize", engine.url),
+        &json!({"content": "I believe the meaning of life is", "add_special": true}),
+    )
+    .await;
+    let prompt_ids = prompt["tokens"].as_array().unwrap().len();
+    assert_eq!(answer["tokens_evaluated"], prompt_ids, "{answer}");
+
+    // Streamed: the same greedy text, piece by piece.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let (events, done) = events(&client, &url, &streamed).await;
+    assert!(!done, "llama-server's stream has no [DONE]");
+    let (last, pieces) = events.split_last().unwrap();
+    assert_eq!((last["stop"].as_bool(), last["tokens_predicted"].as_u64()), (Some(true), Some(8)));
+    assert!(pieces
+        .iter()
+        .all(|e| e["stop"] == false && !e["tokens"].as_array().unwrap().is_empty()));
+    let text: String = pieces.iter().map(|e| e["content"].as_str().unwrap()).collect();
+    assert_eq!(text, answer["content"].as_str().unwrap());
+    let ids: usize = pieces.iter().map(|e| e["tokens"].as_array().unwrap().len()).sum();
+    assert_eq!(ids, 8);
+
+    // A stop string: the text before it, `word`, and which one.
+    let body = json!({"prompt": "One, two, three,", "n_predict": 40, "stop": [",", " "],
+        "temperature": 0});
+    let (_, stopped) = post(&client, &url, &body).await;
+    assert_eq!(stopped["stop_type"], "word", "{stopped}");
+    let word = stopped["stopping_word"].as_str().unwrap();
+    assert!([",", " "].contains(&word), "{stopped}");
+    assert!(!stopped["content"].as_str().unwrap().contains([',', ' ']), "{stopped}");
+}
+
+/// llama-server's prompt forms: ids, ids and text mixed in one prompt, and
+/// several prompts of different forms, which answer a list in prompt order.
+#[tokio::test]
+async fn completion_reads_every_prompt_form() {
+    let engine = engine(&["--n-parallel", "2", "--ctx-len", "512"]);
+    let client = client();
+    let url = format!("{}/completion", engine.url);
+    let text = "I believe the meaning of life is";
+    let (_, prompt) = post(
+        &client,
+        &format!("{}/tokenize", engine.url),
+        &json!({"content": text, "add_special": true}),
+    )
+    .await;
+    let ids = prompt["tokens"].clone();
+    let greedy = |prompt: Value| json!({"prompt": prompt, "n_predict": 4, "temperature": 0});
+    let (status, by_text) = post(&client, &url, &greedy(json!(text))).await;
+    assert_eq!(status, 200, "{by_text}");
+    let (_, by_ids) = post(&client, &url, &greedy(ids.clone())).await;
+    assert_eq!(by_ids["content"], by_text["content"], "ids read as the text's");
+    assert_eq!(by_ids["tokens_evaluated"], by_text["tokens_evaluated"]);
+    // The BOS id, then the text: the same prompt.
+    let mixed = json!([ids[0], text]);
+    let (status, by_mixed) = post(&client, &url, &greedy(mixed)).await;
+    assert_eq!(status, 200, "{by_mixed}");
+    assert_eq!(by_mixed["tokens_evaluated"], by_text["tokens_evaluated"], "{by_mixed}");
+    let several = json!([ids, text, {"prompt_string": text}]);
+    let (status, list) = post(&client, &url, &greedy(several)).await;
+    assert_eq!(status, 200, "{list}");
+    let list = list.as_array().unwrap();
+    assert_eq!(list.len(), 3);
+    for (i, one) in list.iter().enumerate() {
+        assert_eq!(one["index"], i, "{one}");
+        assert_eq!(one["tokens_evaluated"], by_text["tokens_evaluated"], "{one}");
+    }
+    // Refused clearly: media for a text model, an empty prompt, `n_predict: 0`.
+    for (body, param) in [
+        (greedy(json!([{"prompt_string": text, "multimodal_data": ["aGk="]}])), "prompt"),
+        (greedy(json!([])), "prompt"),
+        (json!({"prompt": text, "n_predict": 0}), "n_predict"),
+    ] {
+        let (status, refused) = post(&client, &url, &body).await;
+        assert_eq!((status, refused["error"]["param"].as_str()), (400, Some(param)), "{refused}");
+    }
+}
