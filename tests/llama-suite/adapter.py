@@ -68,6 +68,10 @@ def for_slotgate(flags, model):
     for name in ("--chat-template", "--chat-template-file"):
         if name in given:
             args += [name, given[name]]
+    if "--api-key" in given:
+        # Off the command line: the engine reads its keys from a variable.
+        os.environ["SUITE_ENGINE_API_KEY"] = given["--api-key"]
+        args += ["--api-key-env", "SUITE_ENGINE_API_KEY"]
     return args
 
 

@@ -119,3 +119,45 @@ async fn completion_reads_every_prompt_form() {
         assert_eq!((status, refused["error"]["param"].as_str()), (400, Some(param)), "{refused}");
     }
 }
+
+/// With API keys (llama-server's `--api-key`, here from a key file), every
+/// endpoint but `/health` and the model list needs one, as `Authorization:
+/// Bearer` or `x-api-key`; without, a 401 in the route's own API's envelope.
+#[tokio::test]
+async fn api_keys_close_everything_but_health_and_the_model_list() {
+    let keys = TempFile::new("keys.txt", "# the engine's keys\nsk-one\n\nsk-two\n");
+    let file = keys.path.to_str().unwrap();
+    let engine = engine(&["--n-parallel", "1", "--ctx-len", "256", "--api-key-file", file]);
+    let client = client();
+    let url = |path: &str| format!("{}{path}", engine.url);
+    for path in ["/health", "/v1/health", "/v1/models", "/models"] {
+        assert_eq!(get(&client, &url(path)).await.0, 200, "{path} stays open");
+    }
+    let body = json!({"prompt": "Hi", "n_predict": 2});
+    let send = |path: &str, header: Option<(&str, &str)>| {
+        let mut request = client.post(url(path)).json(&body);
+        if let Some((name, value)) = header {
+            request = request.header(name, value);
+        }
+        async move {
+            let response = request.send().await.unwrap();
+            (response.status().as_u16(), response.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    for path in ["/completion", "/v1/completions", "/tokenize"] {
+        for header in [None, Some(("authorization", "Bearer sk-three"))] {
+            let (status, refused) = send(path, header).await;
+            assert_eq!(status, 401, "{path}: {refused}");
+            assert_eq!(refused["error"]["type"], "authentication_error", "{refused}");
+        }
+    }
+    let (status, refused) = send("/v1/messages", Some(("x-api-key", "sk-three"))).await;
+    assert_eq!((status, refused["type"].as_str()), (401, Some("error")), "{refused}");
+    assert_eq!(refused["error"]["type"], "authentication_error", "Anthropic's envelope");
+    let (status, metrics) = (client.get(url("/metrics")).send().await.unwrap().status(), ());
+    assert_eq!((status.as_u16(), metrics), (401, ()), "metrics too, as llama-server's");
+    for header in [("authorization", "Bearer sk-one"), ("x-api-key", "sk-two")] {
+        let (status, answer) = send("/completion", Some(header)).await;
+        assert_eq!(status, 200, "{header:?}: {answer}");
+    }
+}

@@ -57,6 +57,15 @@ pub struct ServerSettings {
     /// key of its own.
     #[arg(long)]
     pub admin_key_env: Option<String>,
+    /// The environment variable holding the key, or keys separated by commas,
+    /// that every endpoint but `/health` and the model list then needs, as
+    /// `Authorization: Bearer KEY` or `x-api-key` (llama-server's `--api-key`,
+    /// kept off the command line). The admin key opens them too.
+    #[arg(long)]
+    pub api_key_env: Option<String>,
+    /// A file with one such key per line (llama-server's `--api-key-file`).
+    #[arg(long)]
+    pub api_key_file: Option<PathBuf>,
     /// Without an admin key, loading and unloading are refused to everyone;
     /// with this set, they are served to callers on the loopback address.
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
@@ -91,6 +100,37 @@ impl ServerSettings {
             self.idle_timeout_ms,
             self.max_connections,
         )
+    }
+
+    /// The SHA-256 of each API key, from `api_key_env` and `api_key_file`; none
+    /// leaves the endpoints open. An unset variable, an unreadable file or one
+    /// without a key is an error.
+    pub fn api_keys(&self) -> Result<Vec<[u8; 32]>, EngineError> {
+        let setting =
+            |field: &str, reason: String| EngineError::Setting { field: field.into(), reason };
+        let mut keys = Vec::new();
+        if let Some(var) = &self.api_key_env {
+            let value = std::env::var(var)
+                .map_err(|_| setting("api_key_env", format!("the variable `{var}` is not set")))?;
+            keys.extend(
+                value.split(',').map(str::trim).filter(|k| !k.is_empty()).map(String::from),
+            );
+        }
+        if let Some(path) = &self.api_key_file {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| setting("api_key_file", format!("{}: {e}", path.display())))?;
+            let lines =
+                text.lines().map(str::trim).filter(|k| !k.is_empty() && !k.starts_with('#'));
+            let before = keys.len();
+            keys.extend(lines.map(String::from));
+            if keys.len() == before {
+                return Err(setting("api_key_file", format!("{} holds no key", path.display())));
+            }
+        }
+        if self.api_key_env.is_some() && keys.is_empty() {
+            return Err(setting("api_key_env", "the variable holds no key".into()));
+        }
+        Ok(keys.iter().map(|k| slotgate_http::keys::digest(k.as_bytes())).collect())
     }
 
     /// The admin key's SHA-256, when one is configured; an unset variable is an error.

@@ -8,6 +8,7 @@ mod body;
 mod chat;
 mod events;
 mod generate;
+mod keys;
 mod messages;
 mod native;
 mod recorded;
@@ -44,6 +45,9 @@ pub struct AppState {
     pub metrics: PrometheusHandle,
     /// The admin key's SHA-256: loading, unloading and `/slots` detail need it.
     pub admin_key: Option<[u8; 32]>,
+    /// The API keys' SHA-256s: every endpoint but the open ones needs one, when
+    /// there are any.
+    pub api_keys: Arc<Vec<[u8; 32]>>,
     /// Cancelled when the engine starts draining: long-lived streams end.
     pub draining: CancellationToken,
     /// The gateway replicas following `/slots/events`.
@@ -70,17 +74,16 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/embeddings", post(generate::embeddings))
         // llama-server's aliases, which clients written for it send.
         .route("/chat/completions", post(chat::chat))
-        .route("/completions", post(generate::completions))
+        // llama-server's `/completions` is its own API, as `/completion` is.
+        .route("/completions", post(native::completion))
         .route("/embeddings", post(generate::embeddings))
         .route("/completion", post(native::completion))
         .route("/responses", post(responses::create))
         .route("/responses/input_tokens", post(responses::input_tokens))
         .route_layer(axum::middleware::from_fn(recorded::record));
-    Router::new()
+    let keyed = Router::new()
         .merge(generation)
         .route("/v1/responses/{id}", get(responses::get).delete(responses::delete))
-        .route("/v1/models", get(admin::models))
-        .route("/models", get(admin::models))
         .route("/v1/models/load", post(admin::load))
         .route("/v1/models/unload", post(admin::unload))
         .route("/inferences/llamacpp/loadmodel", post(admin::load))
@@ -88,11 +91,18 @@ pub fn router(state: AppState) -> Router {
         .route("/tokenize", post(tokens::tokenize))
         .route("/detokenize", post(tokens::detokenize))
         .route("/apply-template", post(tokens::apply_template))
-        .route("/health", get(admin::health))
         .route("/slots", get(admin::slots))
         .route("/slots/events", get(events::slot_events))
         .route("/props", get(admin::props))
         .route("/metrics", get(admin::metrics))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), keys::require));
+    // Open with API keys too, as llama-server's are: liveness and the model list.
+    Router::new()
+        .merge(keyed)
+        .route("/health", get(admin::health))
+        .route("/v1/health", get(admin::health))
+        .route("/v1/models", get(admin::models))
+        .route("/models", get(admin::models))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         // The body extractor turns an oversized body into the OpenAI envelope.
@@ -147,6 +157,7 @@ pub async fn serve(
     let state = AppState {
         scheduler: scheduler.clone(),
         admin_key: config.server.admin_key()?,
+        api_keys: Arc::new(config.server.api_keys()?),
         config: Arc::new(config),
         metrics: crate::metrics::handle(),
         draining: draining.clone(),

@@ -36,8 +36,9 @@ use crate::serve::app::{App, AppState};
 
 /// The endpoints forwarded to a backend, by path, and the path they are sent to;
 /// POST only. The paths without `/v1` are llama-server's aliases, which clients
-/// written for it send; `/completion`, `/tokenize`, `/detokenize` and
-/// `/apply-template` are its own endpoints.
+/// written for it send (its `/completions` is its own API, `/completion`);
+/// `/completion`, `/tokenize`, `/detokenize` and `/apply-template` are its own
+/// endpoints.
 /// `/v1/messages` is Anthropic's Messages API and `/v1/responses` OpenAI's
 /// Responses API, which the engines serve.
 pub(crate) const FORWARDED: [(&str, &str); 16] = [
@@ -45,7 +46,7 @@ pub(crate) const FORWARDED: [(&str, &str); 16] = [
     ("/v1/completions", "/v1/completions"),
     ("/v1/embeddings", "/v1/embeddings"),
     ("/chat/completions", "/v1/chat/completions"),
-    ("/completions", "/v1/completions"),
+    ("/completions", "/completion"),
     ("/embeddings", "/v1/embeddings"),
     ("/tokenize", "/tokenize"),
     ("/detokenize", "/detokenize"),
