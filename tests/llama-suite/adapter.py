@@ -54,6 +54,8 @@ def for_slotgate(flags, model):
     given = dict(flags)
     args = ["--model", model, "--host", given.get("--host", "127.0.0.1"),
             "--port", given.get("--port", "8080")]
+    # llama-server answers any model name with its one model.
+    args += ["--any-model-name", "true"]
     slots = int(given.get("--parallel", "1"))
     args += ["--n-parallel", str(slots)]
     if "--ctx-size" in given:

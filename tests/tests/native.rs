@@ -161,3 +161,21 @@ async fn api_keys_close_everything_but_health_and_the_model_list() {
         assert_eq!(status, 200, "{header:?}: {answer}");
     }
 }
+
+/// `any_model_name`: while one model serves, any name gets it, as llama-server
+/// answers the OpenAI library's default names; off (the default), a 404.
+#[tokio::test]
+async fn any_model_name_serves_the_only_model() {
+    let body = json!({"model": "gpt-3.5-turbo", "max_tokens": 2,
+        "messages": [{"role": "user", "content": "Hi"}]});
+    let client = client();
+    let strict = engine(&["--n-parallel", "1", "--ctx-len", "256"]);
+    let (status, refused) =
+        post(&client, &format!("{}/v1/chat/completions", strict.url), &body).await;
+    assert_eq!(status, 404, "{refused}");
+    drop(strict);
+    let lenient = engine(&["--n-parallel", "1", "--ctx-len", "256", "--any-model-name", "true"]);
+    let (status, answer) =
+        post(&client, &format!("{}/v1/chat/completions", lenient.url), &body).await;
+    assert_eq!((status, answer["model"].as_str()), (200, Some(MODEL)), "{answer}");
+}

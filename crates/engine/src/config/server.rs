@@ -66,6 +66,12 @@ pub struct ServerSettings {
     /// A file with one such key per line (llama-server's `--api-key-file`).
     #[arg(long)]
     pub api_key_file: Option<PathBuf>,
+    /// While one model serves, a request naming any other model is served by
+    /// it, as llama-server does (clients written for it send `gpt-3.5-turbo`,
+    /// the OpenAI library's defaults). Off: such a request is a 404, as
+    /// OpenAI's, and as it must be where several models serve.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub any_model_name: bool,
     /// Without an admin key, loading and unloading are refused to everyone;
     /// with this set, they are served to callers on the loopback address.
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]

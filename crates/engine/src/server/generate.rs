@@ -107,10 +107,17 @@ pub(super) fn keepalive(state: &AppState) -> Option<Duration> {
 
 /// The model a request names, looked up once for all that follows. A request
 /// that names none gets the only one loaded, as llama-server serves whatever it
-/// names; with several loaded it must name one.
+/// names; with several loaded it must name one. With `any_model_name`, a name
+/// the engine does not know gets the only one loaded too.
 pub(super) fn resolve_model(state: &AppState, model: &mut String) -> Result<Served, ApiError> {
     let named = Some(model.as_str()).filter(|m| !m.is_empty());
-    let served = state.scheduler.snapshot().serve(named)?;
+    let snapshot = state.scheduler.snapshot();
+    let served = match snapshot.serve(named) {
+        Err(err) if state.config.server.any_model_name && err.status() == 404 => {
+            snapshot.serve(None).map_err(|_| err)?
+        }
+        other => other?,
+    };
     super::recorded::serving(&served.id);
     // An alias becomes the model's own name here, so everything after (and the
     // answer's `model`) sees one name.
