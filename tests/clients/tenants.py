@@ -129,7 +129,7 @@ assert httpx.get(base + "/health").status_code == 200, "health stays open"
 # CORS: the allowed origin gets its preflight answered; another gets nothing.
 pre = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization"}
 r = httpx.options(base + "/v1/completions", headers={"Origin": "http://127.0.0.1:3000", **pre})
-assert r.status_code == 204 and r.headers["access-control-allow-origin"] == "http://127.0.0.1:3000", r
+assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://127.0.0.1:3000", r
 r = httpx.options(base + "/v1/completions", headers={"Origin": "http://evil.example", **pre})
 assert r.status_code == 403 and "access-control-allow-origin" not in r.headers, r.headers
 r = httpx.get(base + "/v1/models", headers={"Origin": "http://evil.example", "Authorization": "Bearer sk-team-a"})

@@ -70,6 +70,8 @@ def for_slotgate(flags, model):
     for name in ("--chat-template", "--chat-template-file"):
         if name in given:
             args += [name, given[name]]
+    # llama-server allows every origin unless told which; slotgate-engine none.
+    args += ["--cors-origins", given.get("--cors-origins", "*")]
     if "--api-key" in given:
         # Off the command line: the engine reads its keys from a variable.
         os.environ["SUITE_ENGINE_API_KEY"] = given["--api-key"]

@@ -179,3 +179,56 @@ async fn any_model_name_serves_the_only_model() {
         post(&client, &format!("{}/v1/chat/completions", lenient.url), &body).await;
     assert_eq!((status, answer["model"].as_str()), (200, Some(MODEL)), "{answer}");
 }
+
+/// CORS (`cors_origins`): an allowed page's preflight is answered before any
+/// key is asked for, and its answers carry its origin; another page's get no
+/// CORS header; without the setting, no page gets one.
+#[tokio::test]
+async fn cors_lets_in_the_allowed_pages_only() {
+    let keys = TempFile::new("keys.txt", "sk-one\n");
+    let file = keys.path.to_str().unwrap();
+    let args = ["--n-parallel", "1", "--ctx-len", "256", "--api-key-file", file];
+    let engine =
+        engine(&[&args[..], &["--cors-origins", "localhost,https://chat.example.com"]].concat());
+    let client = client();
+    let url = format!("{}/completion", engine.url);
+    let preflight = |origin: &'static str| {
+        client
+            .request(reqwest::Method::OPTIONS, &url)
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header("access-control-request-headers", "authorization")
+            .send()
+    };
+    for origin in ["http://localhost:3000", "http://[::1]", "https://chat.example.com"] {
+        let r = preflight(origin).await.unwrap();
+        assert_eq!(r.status(), 200, "{origin}");
+        assert_eq!(r.headers()["access-control-allow-origin"], origin);
+        assert_eq!(r.headers()["access-control-allow-credentials"], "true");
+        assert!(r.headers()["access-control-allow-methods"].to_str().unwrap().contains("POST"));
+    }
+    for origin in ["http://localhost.evil.com", "https://evil.example.com"] {
+        let r = preflight(origin).await.unwrap();
+        assert!(!r.headers().contains_key("access-control-allow-origin"), "{origin}");
+    }
+    let body = json!({"prompt": "Hi", "n_predict": 1});
+    let send = |origin: &'static str| {
+        client.post(&url).bearer_auth("sk-one").header("origin", origin).json(&body).send()
+    };
+    let ok = send("http://127.0.0.1:5173").await.unwrap();
+    assert_eq!(ok.status(), 200);
+    assert_eq!(ok.headers()["access-control-allow-origin"], "http://127.0.0.1:5173");
+    let other = send("https://evil.example.com").await.unwrap();
+    assert!(!other.headers().contains_key("access-control-allow-origin"));
+    drop(engine);
+
+    let closed = slotgate_tests::engine(&args);
+    let r = client
+        .request(reqwest::Method::OPTIONS, format!("{}/completion", closed.url))
+        .header("origin", "http://localhost:3000")
+        .header("access-control-request-method", "POST")
+        .send()
+        .await
+        .unwrap();
+    assert!(!r.headers().contains_key("access-control-allow-origin"), "off by default");
+}

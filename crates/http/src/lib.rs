@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod conn;
+pub mod cors;
 pub mod keys;
 pub mod settings;
 pub mod timed;

@@ -137,6 +137,9 @@ impl EngineConfig {
             });
         }
         self.server.admin_key()?;
+        self.server.api_keys()?;
+        slotgate_http::cors::Cors::check(&self.server.cors_origins, "cors_origins")
+            .map_err(|reason| EngineError::Setting { field: "cors_origins".into(), reason })?;
         if self.server.max_body_bytes < 1024 {
             return Err(EngineError::Setting {
                 field: "max_body_bytes".into(),

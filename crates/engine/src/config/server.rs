@@ -66,6 +66,12 @@ pub struct ServerSettings {
     /// A file with one such key per line (llama-server's `--api-key-file`).
     #[arg(long)]
     pub api_key_file: Option<PathBuf>,
+    /// Web pages that may call the engine from a browser (CORS): origins
+    /// (`https://chat.example.com`), `localhost` (this machine's pages, any
+    /// port) or `*` (any, without credentials). Default: none, and no CORS
+    /// headers at all (llama-server allows every origin unless told otherwise).
+    #[arg(long, value_delimiter = ',')]
+    pub cors_origins: Vec<String>,
     /// While one model serves, a request naming any other model is served by
     /// it, as llama-server does (clients written for it send `gpt-3.5-turbo`,
     /// the OpenAI library's defaults). Off: such a request is a 404, as

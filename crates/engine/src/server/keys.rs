@@ -1,7 +1,8 @@
-//! The engine's API keys (llama-server's `--api-key`): with any configured,
-//! every endpoint but `/health` and the model list needs one of them, or the
-//! admin key, as `Authorization: Bearer KEY` or `x-api-key`; without, a 401 in
-//! the envelope of the route's API.
+//! Who may call the engine: its API keys (llama-server's `--api-key`): with
+//! any configured, every endpoint but `/health` and the model list needs one
+//! of them, or the admin key, as `Authorization: Bearer KEY` or `x-api-key`;
+//! without, a 401 in the envelope of the route's API. And which web pages may
+//! (CORS, `cors_origins`).
 
 use axum::extract::{Request, State};
 use axum::middleware::Next;
@@ -29,5 +30,20 @@ pub async fn require(State(state): State<AppState>, request: Request, next: Next
     if request.uri().path().starts_with("/v1/messages") {
         return slotgate_http::anthropic_errors(response).await;
     }
+    response
+}
+
+/// Answers a CORS preflight from an allowed page, and marks the answers to
+/// such pages; off without `cors_origins`.
+pub async fn cors(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    if state.cors.is_off() {
+        return next.run(request).await;
+    }
+    if let Some(answer) = state.cors.preflight(request.method(), request.headers()) {
+        return answer;
+    }
+    let origin = request.headers().get(axum::http::header::ORIGIN).cloned();
+    let mut response = next.run(request).await;
+    state.cors.decorate(origin.as_ref(), &mut response);
     response
 }

@@ -54,6 +54,8 @@ pub struct AppState {
     pub followers: Arc<events::Followers>,
     /// Stored responses of the Responses API.
     pub responses: Arc<stored::Store>,
+    /// Which web pages may call it from a browser.
+    pub cors: Arc<slotgate_http::cors::Cors>,
 }
 
 /// The engine's routes.
@@ -107,6 +109,8 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         // The body extractor turns an oversized body into the OpenAI envelope.
         .layer(DefaultBodyLimit::max(limit))
+        // Outermost: a preflight is answered before any key is asked for.
+        .layer(axum::middleware::from_fn_with_state(state.clone(), keys::cors))
         .with_state(state)
 }
 
@@ -158,6 +162,7 @@ pub async fn serve(
         scheduler: scheduler.clone(),
         admin_key: config.server.admin_key()?,
         api_keys: Arc::new(config.server.api_keys()?),
+        cors: Arc::new(slotgate_http::cors::Cors::new(&config.server.cors_origins, 600)),
         config: Arc::new(config),
         metrics: crate::metrics::handle(),
         draining: draining.clone(),

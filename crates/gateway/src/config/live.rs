@@ -9,9 +9,9 @@ use arc_swap::ArcSwap;
 
 use crate::config::error::GatewayError;
 use crate::config::GatewayConfig;
-use crate::tenancy::cors::Cors;
 use crate::tenancy::limits::UsageBook;
 use crate::tenancy::Auth;
+use slotgate_http::cors::Cors;
 
 /// One version of the live settings.
 #[derive(Debug, Default)]
@@ -31,6 +31,10 @@ impl Live {
     /// The live settings of `config`; usage is taken from `book` by key name.
     pub fn build(config: &GatewayConfig, book: &UsageBook) -> Result<Self, GatewayError> {
         let auth = Auth::build(&config.keys, &config.auth, book).map_err(GatewayError::Config)?;
-        Ok(Self { auth, cors: Cors::new(&config.cors), aliases: config.aliases.clone() })
+        Ok(Self {
+            auth,
+            cors: Cors::new(&config.cors.allowed_origins, config.cors.max_age_secs),
+            aliases: config.aliases.clone(),
+        })
     }
 }

@@ -64,8 +64,9 @@ pub struct KeyConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CorsConfig {
-    /// Origins (`https://chat.example.com`) allowed; `"*"` allows any, without
-    /// credentials. Default: none, and no CORS headers at all.
+    /// Origins (`https://chat.example.com`) allowed; `"localhost"` allows this
+    /// machine's pages; `"*"` allows any, without credentials. Default: none,
+    /// and no CORS headers at all.
     pub allowed_origins: Vec<String>,
     /// How long a browser may cache a preflight's answer.
     pub max_age_secs: u64,
@@ -170,22 +171,10 @@ impl AuthConfig {
 }
 
 impl CorsConfig {
-    /// Checks that each origin is `*` or a scheme and host with no path.
+    /// Checks that each origin is `*`, `localhost`, or a scheme and host with
+    /// no path.
     pub fn check(&self) -> Result<(), String> {
-        for (i, origin) in self.allowed_origins.iter().enumerate() {
-            let ok = origin == "*"
-                || ((origin.starts_with("http://") || origin.starts_with("https://"))
-                    && !origin
-                        .trim_start_matches("http://")
-                        .trim_start_matches("https://")
-                        .contains('/'));
-            if !ok {
-                return Err(format!(
-                    "cors.allowed_origins[{i}]: `{origin}` is not an origin such as https://chat.example.com"
-                ));
-            }
-        }
-        Ok(())
+        slotgate_http::cors::Cors::check(&self.allowed_origins, "cors.allowed_origins")
     }
 }
 

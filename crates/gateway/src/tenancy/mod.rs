@@ -7,7 +7,6 @@
 //! the key's name.
 
 pub mod config;
-pub mod cors;
 pub mod limits;
 pub mod shared;
 

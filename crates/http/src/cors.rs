@@ -1,16 +1,15 @@
-//! CORS, so that a browser chat front-end can call the gateway directly when the
-//! operator allows its origin. Off by default: no CORS header is ever sent. A
-//! listed origin is echoed back with credentials allowed; `*` allows any origin
-//! without credentials; an origin that is not allowed gets no CORS header, so
-//! the browser keeps the answer from the page.
+//! CORS, so that a browser front-end can call the gateway or an engine directly
+//! when the operator allows its origin. Off by default: no CORS header is ever
+//! sent. A listed origin (or, by `localhost`, any page served from this machine:
+//! `localhost`, `127.0.0.1`, `[::1]`, any port) is echoed back with credentials
+//! allowed; `*` allows any origin without credentials; an origin that is not
+//! allowed gets no CORS header, so the browser keeps the answer from the page.
 
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use slotgate_protocol::{ApiError, ErrorType};
 
-use super::config::CorsConfig;
-
-/// Methods the gateway's routes take.
+/// Methods the servers' routes take.
 const METHODS: &str = "GET, POST, DELETE, OPTIONS";
 /// Request headers allowed when a preflight names none.
 const HEADERS: &str =
@@ -21,22 +20,44 @@ const HEADERS: &str =
 pub struct Cors {
     origins: Vec<String>,
     any: bool,
+    local: bool,
     max_age: u64,
 }
 
 impl Cors {
-    /// CORS as `config` allows it.
-    pub fn new(config: &CorsConfig) -> Self {
+    /// CORS for `origins` (each an origin, `*` or `localhost`), whose preflights
+    /// browsers may keep for `max_age` seconds.
+    pub fn new(origins: &[String], max_age: u64) -> Self {
+        let keyword = |o: &String| *o == "*" || *o == "localhost";
         Self {
-            origins: config.allowed_origins.iter().filter(|o| *o != "*").cloned().collect(),
-            any: config.allowed_origins.iter().any(|o| o == "*"),
-            max_age: config.max_age_secs,
+            origins: origins.iter().filter(|o| !keyword(o)).cloned().collect(),
+            any: origins.iter().any(|o| o == "*"),
+            local: origins.iter().any(|o| o == "localhost"),
+            max_age,
         }
+    }
+
+    /// Checks that each of `origins` is `*`, `localhost`, or a scheme and host
+    /// with no path; the error names the first that is not, as `setting[i]`.
+    pub fn check(origins: &[String], setting: &str) -> Result<(), String> {
+        for (i, origin) in origins.iter().enumerate() {
+            let host = origin.strip_prefix("http://").or_else(|| origin.strip_prefix("https://"));
+            let ok = origin == "*"
+                || origin == "localhost"
+                || host.is_some_and(|h| !h.is_empty() && !h.contains('/'));
+            if !ok {
+                return Err(format!(
+                    "{setting}[{i}]: `{origin}` is not an origin such as https://chat.example.com, \
+                     `localhost` or `*`"
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Whether no origin is allowed.
     pub fn is_off(&self) -> bool {
-        self.origins.is_empty() && !self.any
+        self.origins.is_empty() && !self.any && !self.local
     }
 
     /// `Some(true)`: the origin is listed (credentials allowed); `Some(false)`:
@@ -44,6 +65,9 @@ impl Cors {
     fn allows(&self, origin: &HeaderValue) -> Option<bool> {
         let origin = origin.to_str().ok()?;
         if self.origins.iter().any(|o| o.eq_ignore_ascii_case(origin)) {
+            return Some(true);
+        }
+        if self.local && is_local(origin) {
             return Some(true);
         }
         self.any.then_some(false)
@@ -60,11 +84,12 @@ impl Cors {
         if self.allows(origin).is_none() {
             let err = ApiError::new(
                 ErrorType::PermissionError,
-                "this origin is not allowed (cors.allowed_origins)",
+                "this origin is not allowed (the server's allowed CORS origins)",
             );
-            return Some(slotgate_http::api_response(err));
+            return Some(crate::api_response(err));
         }
-        let mut response = StatusCode::NO_CONTENT.into_response();
+        // 200, as llama-server answers; any 2xx lets the browser go on.
+        let mut response = StatusCode::OK.into_response();
         self.decorate(Some(origin), &mut response);
         let h = response.headers_mut();
         h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static(METHODS));
@@ -107,6 +132,17 @@ impl Cors {
     }
 }
 
+/// Whether `origin` is a page of this machine: `localhost`, `127.0.0.1` or
+/// `[::1]`, on any scheme and port (and not `localhost.evil.com`).
+fn is_local(origin: &str) -> bool {
+    let Some((_, rest)) = origin.split_once("://") else { return false };
+    let host = match rest.strip_prefix("[::1]") {
+        Some(port) => return port.is_empty() || port.starts_with(':'),
+        None => rest.split(':').next().unwrap_or(""),
+    };
+    matches!(host, "localhost" | "127.0.0.1") && !rest.contains('/')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,13 +156,9 @@ mod tests {
 
     #[test]
     fn only_allowed_origins_get_cors_headers() {
-        let config = CorsConfig {
-            allowed_origins: vec!["https://chat.example.com".into()],
-            ..CorsConfig::default()
-        };
-        let cors = Cors::new(&config);
+        let cors = Cors::new(&["https://chat.example.com".into()], 600);
         let ok = cors.preflight(&Method::OPTIONS, &request("https://chat.example.com")).unwrap();
-        assert_eq!(ok.status(), 204);
+        assert_eq!(ok.status(), 200);
         assert_eq!(ok.headers()[header::ACCESS_CONTROL_ALLOW_ORIGIN], "https://chat.example.com");
         assert_eq!(ok.headers()[header::ACCESS_CONTROL_ALLOW_CREDENTIALS], "true");
         let evil = cors.preflight(&Method::OPTIONS, &request("https://evil.example.com")).unwrap();
@@ -137,8 +169,7 @@ mod tests {
         cors.decorate(Some(&HeaderValue::from_static("https://evil.example.com")), &mut answer);
         assert!(!answer.headers().contains_key(header::ACCESS_CONTROL_ALLOW_ORIGIN));
 
-        let any =
-            Cors::new(&CorsConfig { allowed_origins: vec!["*".into()], ..CorsConfig::default() });
+        let any = Cors::new(&["*".into()], 600);
         let r = any.preflight(&Method::OPTIONS, &request("https://evil.example.com")).unwrap();
         assert_eq!(r.headers()[header::ACCESS_CONTROL_ALLOW_ORIGIN], "*");
         assert!(
@@ -146,7 +177,46 @@ mod tests {
             "never with *"
         );
 
-        let off = Cors::new(&CorsConfig::default());
+        let off = Cors::new(&[], 600);
         assert!(off.preflight(&Method::OPTIONS, &request("https://chat.example.com")).is_none());
+    }
+
+    #[test]
+    fn localhost_allows_this_machines_pages_only() {
+        let cors = Cors::new(&["localhost".into()], 600);
+        for origin in [
+            "http://localhost",
+            "http://localhost:8080",
+            "http://127.0.0.1:3000",
+            "http://[::1]",
+            "http://[::1]:3000",
+            "https://localhost",
+        ] {
+            let r = cors.preflight(&Method::OPTIONS, &request(origin)).unwrap();
+            assert_eq!(r.headers()[header::ACCESS_CONTROL_ALLOW_ORIGIN], origin, "{origin}");
+        }
+        for origin in [
+            "http://localhost.evil.com",
+            "http://notlocalhost",
+            "http://evil.com",
+            "http://[::1].evil.com",
+            "localhost",
+        ] {
+            let r = cors.preflight(&Method::OPTIONS, &request(origin)).unwrap();
+            assert!(!r.headers().contains_key(header::ACCESS_CONTROL_ALLOW_ORIGIN), "{origin}");
+        }
+    }
+
+    #[test]
+    fn origins_are_checked() {
+        let check = |o: &str| Cors::check(&[o.to_owned()], "cors_origins");
+        assert!(check("https://chat.example.com").is_ok());
+        assert!(check("http://127.0.0.1:3000").is_ok());
+        assert!(check("*").is_ok() && check("localhost").is_ok());
+        assert!(check("https://x.com/path").is_err());
+        assert_eq!(
+            check("chat.example.com").unwrap_err().split(':').next(),
+            Some("cors_origins[0]")
+        );
     }
 }
