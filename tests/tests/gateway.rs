@@ -319,24 +319,31 @@ async fn refusals_and_resets_before_the_first_byte_are_retried_invisibly() {
     assert_eq!(sample(&m, "slotgate_retries_total{reason=\"before_first_byte\"}"), 1.0, "{m}");
 }
 
-/// A Messages stream whose backend dies ends with an `error` event in
-/// Anthropic's shape, which its SDK raises.
-#[tokio::test]
-async fn a_messages_stream_cut_off_ends_with_an_anthropic_error_event() {
+/// The last event of a stream to `path` of a gateway over a fake whose
+/// backend dies after `events` events: its name line and its data.
+async fn last_event_when_cut_off(path: &str, events: u32, body: Value) -> (String, Value) {
     let fake = Fake::start("fake", 1).await;
-    fake.push(&[Step::DieMidStream(2)]);
+    fake.push(&[Step::DieMidStream(events)]);
     let gw = gateway(&[&fake.url], &[]);
     let client = client();
     ready(&client, &gw, 1).await;
-    let body = json!({"model": "fake", "max_tokens": 5, "stream": true,
-        "messages": [{"role": "user", "content": "x"}]});
-    let response = client.post(format!("{}/v1/messages", gw.url)).json(&body).send().await.unwrap();
+    let response = client.post(format!("{}{path}", gw.url)).json(&body).send().await.unwrap();
     assert_eq!(response.status(), 200);
     let text = response.text().await.unwrap();
     let last = text.trim_end().rsplit("\n\n").next().unwrap();
     let (name, data) = last.split_once('\n').unwrap();
-    assert_eq!(name, "event: error", "{text}");
-    let data: Value = serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
+    let data = serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
+    (name.to_owned(), data)
+}
+
+/// A Messages stream whose backend dies ends with an `error` event in
+/// Anthropic's shape, which its SDK raises.
+#[tokio::test]
+async fn a_messages_stream_cut_off_ends_with_an_anthropic_error_event() {
+    let body = json!({"model": "fake", "max_tokens": 5, "stream": true,
+        "messages": [{"role": "user", "content": "x"}]});
+    let (name, data) = last_event_when_cut_off("/v1/messages", 2, body).await;
+    assert_eq!(name, "event: error", "{data}");
     assert_eq!((&data["type"], &data["error"]["type"]), (&json!("error"), &json!("api_error")));
 }
 
@@ -344,23 +351,12 @@ async fn a_messages_stream_cut_off_ends_with_an_anthropic_error_event() {
 /// Responses API, numbered after the last event relayed, as its SDKs read it.
 #[tokio::test]
 async fn a_responses_stream_cut_off_ends_with_a_numbered_error_event() {
-    let fake = Fake::start("fake", 1).await;
-    fake.push(&[Step::DieMidStream(3)]);
-    let gw = gateway(&[&fake.url], &[]);
-    let client = client();
-    ready(&client, &gw, 1).await;
     let body = json!({"model": "fake", "input": "x", "stream": true});
-    let response =
-        client.post(format!("{}/v1/responses", gw.url)).json(&body).send().await.unwrap();
-    assert_eq!(response.status(), 200);
-    let text = response.text().await.unwrap();
-    let last = text.trim_end().rsplit("\n\n").next().unwrap();
-    let (name, data) = last.split_once('\n').unwrap();
-    assert_eq!(name, "event: error", "{text}");
-    let data: Value = serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
+    let (name, data) = last_event_when_cut_off("/v1/responses", 3, body).await;
+    assert_eq!(name, "event: error", "{data}");
     assert_eq!((&data["type"], &data["code"]), (&json!("error"), &json!("server_error")));
     // The fake's three events were numbered 0 to 2 (as an engine numbers them).
-    assert_eq!(data["sequence_number"], 3, "{text}");
+    assert_eq!(data["sequence_number"], 3, "{data}");
 }
 
 /// A conversation of the Responses API over two engines and two gateway
