@@ -232,3 +232,58 @@ async fn cors_lets_in_the_allowed_pages_only() {
         .unwrap();
     assert!(!r.headers().contains_key("access-control-allow-origin"), "off by default");
 }
+
+/// Slot files (`slot_save_path`, llama-server's `/slots/{id}?action=`): a
+/// slot's sequence saved to a file, erased (the same prompt then finds nothing
+/// cached), restored (it then finds its whole prompt cached); names that would
+/// leave the directory refused.
+#[tokio::test]
+async fn a_slot_is_saved_erased_and_restored() {
+    let dir = std::env::temp_dir().join(format!("slotgate-slots-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let args = ["--n-parallel", "1", "--ctx-len", "512", "--slot-save-path", dir.to_str().unwrap()];
+    let engine = engine(&args);
+    let client = client();
+    let url = |path: &str| format!("{}{path}", engine.url);
+    let body = json!({"prompt": "Once upon a time there was a small town by the sea, where",
+        "n_predict": 4, "temperature": 0});
+    let (status, first) = post(&client, &url("/completion"), &body).await;
+    assert_eq!(status, 200, "{first}");
+    let prompt = first["tokens_evaluated"].as_u64().unwrap();
+    let file = json!({"filename": "town.bin"});
+    let (status, saved) = post(&client, &url("/slots/0?action=save"), &file).await;
+    assert_eq!(status, 200, "{saved}");
+    assert!(saved["n_saved"].as_u64().unwrap() >= prompt, "{saved}");
+    let on_disk = std::fs::metadata(dir.join("town.bin")).unwrap().len();
+    assert_eq!(saved["n_written"].as_u64(), Some(on_disk), "{saved}");
+    let (_, erased) = post(&client, &url("/slots/0?action=erase"), &json!({})).await;
+    assert_eq!(erased["n_erased"], saved["n_saved"], "{erased}");
+    let (_, cold) = post(&client, &url("/completion"), &body).await;
+    assert_eq!(cold["timings"]["cache_n"], 0, "erased: {cold}");
+    post(&client, &url("/slots/0?action=erase"), &json!({})).await;
+    let (status, restored) = post(&client, &url("/slots/0?action=restore"), &file).await;
+    assert_eq!(status, 200, "{restored}");
+    assert_eq!(restored["n_restored"], saved["n_saved"], "{restored}");
+    let (_, warm) = post(&client, &url("/completion"), &body).await;
+    assert!(warm["timings"]["cache_n"].as_u64() >= Some(prompt - 1), "restored: {warm}");
+
+    for (path, body, param) in [
+        ("/slots/0?action=save", json!({"filename": "../escape.bin"}), "filename"),
+        ("/slots/0?action=save", json!({"filename": "/tmp/x.bin"}), "filename"),
+        ("/slots/0?action=restore", json!({"filename": "missing.bin"}), "filename"),
+        ("/slots/0?action=burn", json!({}), "action"),
+        ("/slots/7?action=erase", json!({}), "id_slot"),
+    ] {
+        let (status, refused) = post(&client, &url(path), &body).await;
+        assert_eq!((status, refused["error"]["param"].as_str()), (400, Some(param)), "{refused}");
+    }
+    assert!(!dir.join("../escape.bin").exists());
+    drop(engine);
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let closed = slotgate_tests::engine(&["--n-parallel", "1", "--ctx-len", "256"]);
+    let (status, refused) =
+        post(&client, &format!("{}/slots/0?action=save", closed.url), &json!({"filename": "a"}))
+            .await;
+    assert_eq!((status, refused["error"]["param"].as_str()), (400, Some("action")), "{refused}");
+}

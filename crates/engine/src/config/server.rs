@@ -72,6 +72,11 @@ pub struct ServerSettings {
     /// headers at all (llama-server allows every origin unless told otherwise).
     #[arg(long, value_delimiter = ',')]
     pub cors_origins: Vec<String>,
+    /// The directory where `POST /slots/{id}?action=save|restore` writes and
+    /// reads slot files (llama-server's `--slot-save-path`); unset, those
+    /// actions are refused.
+    #[arg(long)]
+    pub slot_save_path: Option<PathBuf>,
     /// While one model serves, a request naming any other model is served by
     /// it, as llama-server does (clients written for it send `gpt-3.5-turbo`,
     /// the OpenAI library's defaults). Off: such a request is a 404, as

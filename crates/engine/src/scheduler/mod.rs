@@ -45,6 +45,42 @@ pub(crate) enum Command {
     Embed(EmbedJob),
     Load(ModelSettings, oneshot::Sender<Result<String, EngineError>>),
     Unload(String, oneshot::Sender<Result<(), EngineError>>),
+    SlotFile(SlotFileJob),
+}
+
+/// A slot's sequence saved to a file, restored from one, or erased
+/// (llama-server's `/slots/{id}?action=`).
+pub struct SlotFileJob {
+    /// The model whose slot it is.
+    pub model: String,
+    /// The slot.
+    pub slot: u32,
+    /// What to do.
+    pub op: SlotOp,
+    /// Tokens and bytes moved, or why not.
+    pub reply: oneshot::Sender<Result<SlotFileDone, ApiError>>,
+}
+
+/// What to do with a slot's sequence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SlotOp {
+    /// Write its tokens and KV state to this file, in llama.cpp's format.
+    Save(std::path::PathBuf),
+    /// Replace them with those of this file.
+    Restore(std::path::PathBuf),
+    /// Forget them.
+    Erase,
+}
+
+/// What a slot file operation moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotFileDone {
+    /// Tokens saved, restored or erased.
+    pub tokens: usize,
+    /// Bytes written or read.
+    pub bytes: usize,
+    /// How long it took on the scheduler thread.
+    pub elapsed: std::time::Duration,
 }
 
 /// An embeddings request: the inputs, and where the vectors go.
@@ -234,6 +270,18 @@ impl Scheduler {
         let (tx, rx) = oneshot::channel();
         self.send(Command::Load(settings, tx)).await?;
         rx.await.map_err(|_| EngineError::SchedulerGone)?
+    }
+
+    /// Saves, restores or erases a slot's sequence.
+    pub async fn slot_file(
+        &self,
+        model: String,
+        slot: u32,
+        op: SlotOp,
+    ) -> Result<SlotFileDone, EngineError> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::SlotFile(SlotFileJob { model, slot, op, reply })).await?;
+        Ok(rx.await.map_err(|_| EngineError::SchedulerGone)??)
     }
 
     /// Unloads a model; its running and queued requests fail with 503.

@@ -179,6 +179,14 @@ impl Worker {
                 }
             },
             Command::Load(settings, reply) => self.load(settings, reply),
+            Command::SlotFile(job) => {
+                let done = match self.models.iter_mut().find(|m| m.id == job.model) {
+                    Some(model) => model.slot_file(job.slot, &job.op),
+                    None => Err(ApiError::model_not_found(&job.model)),
+                };
+                self.publish();
+                let _ = job.reply.send(done);
+            }
             Command::Unload(id, reply) => {
                 let result = match self.models.iter().position(|m| m.id == id) {
                     Some(i) => {

@@ -14,6 +14,7 @@ mod native;
 mod recorded;
 mod responses;
 mod restream;
+mod slot_files;
 mod stored;
 mod tokens;
 
@@ -94,6 +95,7 @@ pub fn router(state: AppState) -> Router {
         .route("/detokenize", post(tokens::detokenize))
         .route("/apply-template", post(tokens::apply_template))
         .route("/slots", get(admin::slots))
+        .route("/slots/{id}", post(slot_files::slot_action))
         .route("/slots/events", get(events::slot_events))
         .route("/props", get(admin::props))
         .route("/metrics", get(admin::metrics))

@@ -8,6 +8,7 @@ mod admission;
 mod decode;
 mod prompt;
 mod reader;
+mod slot_file;
 mod templates;
 mod vocab;
 
