@@ -70,6 +70,8 @@ def for_slotgate(flags, model):
     for name in ("--chat-template", "--chat-template-file"):
         if name in given:
             args += [name, given[name]]
+    if "--n-predict" in given:
+        args += ["--n-predict", given["--n-predict"]]
     if "--slot-save-path" in given:
         args += ["--slot-save-path", given["--slot-save-path"]]
     # llama-server allows every origin unless told which; slotgate-engine none.

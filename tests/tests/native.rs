@@ -174,10 +174,20 @@ async fn any_model_name_serves_the_only_model() {
         post(&client, &format!("{}/v1/chat/completions", strict.url), &body).await;
     assert_eq!(status, 404, "{refused}");
     drop(strict);
-    let lenient = engine(&["--n-parallel", "1", "--ctx-len", "256", "--any-model-name", "true"]);
+    let args = ["--n-parallel", "1", "--ctx-len", "256", "--any-model-name", "true"];
+    let lenient = engine(&[&args[..], &["--n-predict", "3"]].concat());
     let (status, answer) =
         post(&client, &format!("{}/v1/chat/completions", lenient.url), &body).await;
     assert_eq!((status, answer["model"].as_str()), (200, Some(MODEL)), "{answer}");
+    // The engine's own `n_predict` (llama-server's `--n-predict`): the default
+    // and the bound of `/completion`.
+    let url = format!("{}/completion", lenient.url);
+    for body in [json!({"prompt": "Once upon"}), json!({"prompt": "Once upon", "n_predict": 50})] {
+        let (status, answer) = post(&client, &url, &body).await;
+        assert_eq!(status, 200, "{answer}");
+        assert!(answer["tokens_predicted"].as_u64() <= Some(3), "{answer}");
+        assert_eq!(answer["generation_settings"]["n_predict"], 3, "{answer}");
+    }
 }
 
 /// CORS (`cors_origins`): an allowed page's preflight is answered before any

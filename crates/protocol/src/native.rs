@@ -28,14 +28,23 @@ pub struct NativeRequest {
 }
 
 impl NativeRequest {
-    /// The most tokens it may generate: `None` until the context is full.
-    pub fn max_tokens(&self) -> Result<Option<u32>, ApiError> {
-        match self.n_predict {
-            None => Ok(None),
-            Some(n) if n < 0 => Ok(None),
-            Some(0) => Err(ApiError::invalid("n_predict", "n_predict must be at least 1, or -1")),
-            Some(n) => Ok(Some(u32::try_from(n).unwrap_or(u32::MAX))),
-        }
+    /// The most tokens it may generate, under a server whose own `n_predict`
+    /// is `server` (its default and bound; -1 for none): `None` until the
+    /// context is full.
+    pub fn max_tokens(&self, server: i64) -> Result<Option<u32>, ApiError> {
+        let bound = |n: i64| u32::try_from(n).unwrap_or(u32::MAX);
+        let server = (server >= 0).then(|| bound(server));
+        let asked = match self.n_predict {
+            Some(0) => {
+                return Err(ApiError::invalid("n_predict", "n_predict must be at least 1, or -1"))
+            }
+            Some(n) if n > 0 => Some(bound(n)),
+            _ => None,
+        };
+        Ok(match (asked, server) {
+            (Some(a), Some(s)) => Some(a.min(s)),
+            (a, s) => a.or(s),
+        })
     }
 
     /// The text completion it means.
@@ -98,11 +107,17 @@ mod tests {
 
     #[test]
     fn n_predict_minus_one_is_unbounded_and_zero_is_refused() {
-        assert_eq!(request(json!({"prompt": "a"})).max_tokens().unwrap(), None);
-        assert_eq!(request(json!({"prompt": "a", "n_predict": -1})).max_tokens().unwrap(), None);
-        assert_eq!(request(json!({"prompt": "a", "n_predict": 8})).max_tokens().unwrap(), Some(8));
-        let err = request(json!({"prompt": "a", "n_predict": 0})).max_tokens().unwrap_err();
+        let max = |body, server| request(body).max_tokens(server);
+        assert_eq!(max(json!({"prompt": "a"}), -1).unwrap(), None);
+        assert_eq!(max(json!({"prompt": "a", "n_predict": -1}), -1).unwrap(), None);
+        assert_eq!(max(json!({"prompt": "a", "n_predict": 8}), -1).unwrap(), Some(8));
+        let err = max(json!({"prompt": "a", "n_predict": 0}), -1).unwrap_err();
         assert_eq!(err.param.as_deref(), Some("n_predict"));
+        // The server's own bound: the default, and the most.
+        assert_eq!(max(json!({"prompt": "a"}), 64).unwrap(), Some(64));
+        assert_eq!(max(json!({"prompt": "a", "n_predict": -1}), 64).unwrap(), Some(64));
+        assert_eq!(max(json!({"prompt": "a", "n_predict": 8}), 64).unwrap(), Some(8));
+        assert_eq!(max(json!({"prompt": "a", "n_predict": 100}), 64).unwrap(), Some(64));
     }
 
     #[test]

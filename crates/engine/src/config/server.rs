@@ -72,6 +72,11 @@ pub struct ServerSettings {
     /// headers at all (llama-server allows every origin unless told otherwise).
     #[arg(long, value_delimiter = ',')]
     pub cors_origins: Vec<String>,
+    /// The most tokens a `/completion` may generate, and what it generates when
+    /// it sets no `n_predict` (llama-server's `--n-predict`); -1: until the
+    /// context is full.
+    #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+    pub n_predict: i64,
     /// The directory where `POST /slots/{id}?action=save|restore` writes and
     /// reads slot files (llama-server's `--slot-save-path`); unset, those
     /// actions are refused.

@@ -31,7 +31,7 @@ pub async fn completion(
     let mut req = native.to_completion();
     let served = resolve_model(&state, &mut req.model)?;
     req.validate()?;
-    let max_tokens = native.max_tokens()?;
+    let max_tokens = native.max_tokens(state.config.server.n_predict)?;
     let params = completion_params(&req, max_tokens)?;
     let items = req.prompt.items();
     let shape = Shape { choices: items.len() as u32 * params.n };
@@ -44,7 +44,7 @@ pub async fn completion(
         .collect();
     let writer = NativeChunks {
         model: req.model.clone(),
-        settings: settings(&params, native.n_predict.unwrap_or(-1)),
+        settings: settings(&params, max_tokens.map_or(-1, i64::from)),
         prompts,
         samples: params.n,
         return_tokens: native.return_tokens.unwrap_or(false),
