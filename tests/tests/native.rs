@@ -297,3 +297,45 @@ async fn a_slot_is_saved_erased_and_restored() {
             .await;
     assert_eq!((status, refused["error"]["param"].as_str()), (400, Some("action")), "{refused}");
 }
+
+/// llama-server's `timings` come with OpenAI's answers too (tools written for
+/// llama-server read its rates there): with a whole chat or text completion,
+/// with each streamed choice's last chunk and with the usage chunk; counted as
+/// `usage` counts. Anthropic's Messages answers carry none.
+#[tokio::test]
+async fn openai_answers_carry_llama_servers_timings() {
+    let engine = engine(&["--n-parallel", "2", "--ctx-len", "512"]);
+    let client = client();
+    let chat = json!({"model": MODEL, "max_tokens": 6, "temperature": 0,
+        "messages": [{"role": "user", "content": "Count to ten"}]});
+    let text = json!({"model": MODEL, "max_tokens": 6, "temperature": 0,
+        "prompt": "One, two, three"});
+    for (path, body) in [("/v1/chat/completions", &chat), ("/v1/completions", &text)] {
+        let url = format!("{}{path}", engine.url);
+        let (status, answer) = post(&client, &url, body).await;
+        assert_eq!(status, 200, "{answer}");
+        let (timings, usage) = (&answer["timings"], &answer["usage"]);
+        assert_eq!(timings["predicted_n"], usage["completion_tokens"], "{answer}");
+        let read = timings["prompt_n"].as_u64().unwrap() + timings["cache_n"].as_u64().unwrap();
+        assert_eq!(read, usage["prompt_tokens"].as_u64().unwrap(), "{answer}");
+        assert!(timings["predicted_per_second"].as_f64().unwrap() > 0.0, "{answer}");
+
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        streamed["stream_options"] = json!({"include_usage": true});
+        let (events, done) = events(&client, &url, &streamed).await;
+        assert!(done);
+        let (usage_chunk, chunks) = events.split_last().unwrap();
+        let generated = &usage_chunk["usage"]["completion_tokens"];
+        assert_eq!(&usage_chunk["timings"]["predicted_n"], generated, "{usage_chunk}");
+        let (last, rest) = chunks.split_last().unwrap();
+        assert!(last["choices"][0]["finish_reason"].is_string(), "{last}");
+        assert_eq!(&last["timings"]["predicted_n"], generated, "{last}");
+        assert!(rest.iter().all(|c| c.get("timings").is_none()), "only the last chunks");
+    }
+    let messages = json!({"model": MODEL, "max_tokens": 4,
+        "messages": [{"role": "user", "content": "Hi"}]});
+    let (status, message) = post(&client, &format!("{}/v1/messages", engine.url), &messages).await;
+    assert_eq!(status, 200, "{message}");
+    assert!(message.get("timings").is_none(), "{message}");
+}

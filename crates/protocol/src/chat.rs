@@ -248,6 +248,10 @@ pub struct ChatCompletion {
     /// Token counts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// llama-server's `timings` (an extension): with the answer, and in a
+    /// stream with each choice's last chunk and the usage chunk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timings: Option<crate::native::Timings>,
 }
 
 /// What a streamed chunk adds to a choice.
@@ -300,4 +304,8 @@ pub struct ChatCompletionChunk {
     /// Set only in the final chunk when `stream_options.include_usage` is true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// llama-server's `timings` (an extension): with the answer, and in a
+    /// stream with each choice's last chunk and the usage chunk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timings: Option<crate::native::Timings>,
 }

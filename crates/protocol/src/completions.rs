@@ -207,4 +207,8 @@ pub struct Completion {
     /// Token counts; in a stream only in the final usage chunk.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// llama-server's `timings` (an extension): with the answer, and in a
+    /// stream with each choice's last chunk and the usage chunk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timings: Option<crate::native::Timings>,
 }

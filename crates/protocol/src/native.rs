@@ -1,6 +1,7 @@
 //! llama-server's own completion API, `POST /completion`: its request (a
 //! prompt in any of llama-server's forms, `n_predict`, `return_tokens`) as the
-//! text completion it means, and the names of its answer's stop types.
+//! text completion it means, the names of its answer's stop types, and the
+//! `timings` that llama-server adds to every answer (chat's too).
 
 use serde::{Deserialize, Serialize};
 
@@ -66,6 +67,55 @@ pub fn stop_type(reason: FinishReason, word: bool) -> &'static str {
     }
 }
 
+/// llama-server's `timings`: how long reading the prompt and generating took,
+/// and their rates. Sent with every finished answer, and with each streamed
+/// chunk when the request asks for `timings_per_token`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Timings {
+    /// Prompt tokens found in the cache and not read again.
+    pub cache_n: u32,
+    /// Prompt tokens read.
+    pub prompt_n: u32,
+    /// Milliseconds spent reading them.
+    pub prompt_ms: f64,
+    /// Milliseconds per prompt token read.
+    pub prompt_per_token_ms: f64,
+    /// Prompt tokens read per second.
+    pub prompt_per_second: f64,
+    /// Tokens generated.
+    pub predicted_n: u32,
+    /// Milliseconds spent generating them.
+    pub predicted_ms: f64,
+    /// Milliseconds per generated token.
+    pub predicted_per_token_ms: f64,
+    /// Tokens generated per second.
+    pub predicted_per_second: f64,
+}
+
+impl Timings {
+    /// The timings of `prompt_n` tokens read in `prompt_ms` (besides `cache_n`
+    /// from the cache) and `predicted_n` generated in `predicted_ms`.
+    pub fn new(
+        cache_n: u32,
+        (prompt_n, prompt_ms): (u32, f64),
+        (predicted_n, predicted_ms): (u32, f64),
+    ) -> Self {
+        let per = |ms: f64, n: u32| if n > 0 { ms / f64::from(n) } else { 0.0 };
+        let rate = |ms: f64, n: u32| if ms > 0.0 { 1e3 * f64::from(n) / ms } else { 0.0 };
+        Self {
+            cache_n,
+            prompt_n,
+            prompt_ms,
+            prompt_per_token_ms: per(prompt_ms, prompt_n),
+            prompt_per_second: rate(prompt_ms, prompt_n),
+            predicted_n,
+            predicted_ms,
+            predicted_per_token_ms: per(predicted_ms, predicted_n),
+            predicted_per_second: rate(predicted_ms, predicted_n),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -118,6 +168,16 @@ mod tests {
         assert_eq!(max(json!({"prompt": "a", "n_predict": -1}), 64).unwrap(), Some(64));
         assert_eq!(max(json!({"prompt": "a", "n_predict": 8}), 64).unwrap(), Some(8));
         assert_eq!(max(json!({"prompt": "a", "n_predict": 100}), 64).unwrap(), Some(64));
+    }
+
+    #[test]
+    fn timings_rate_what_was_done_and_nothing_for_nothing() {
+        let t = Timings::new(3, (10, 20.0), (4, 100.0));
+        assert_eq!((t.cache_n, t.prompt_n, t.predicted_n), (3, 10, 4));
+        assert_eq!((t.prompt_per_token_ms, t.prompt_per_second), (2.0, 500.0));
+        assert_eq!((t.predicted_per_token_ms, t.predicted_per_second), (25.0, 40.0));
+        let none = Timings::new(5, (0, 0.0), (0, 0.0));
+        assert_eq!((none.prompt_per_second, none.predicted_per_token_ms), (0.0, 0.0));
     }
 
     #[test]

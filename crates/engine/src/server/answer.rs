@@ -9,6 +9,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures::stream::{self, Stream, StreamExt};
+use slotgate_protocol::native::Timings;
 use slotgate_protocol::{sse, ApiError, FinishReason, TokenLogprob, Usage};
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -23,12 +24,14 @@ pub struct Shape {
 }
 
 /// Sums the usage of finished choices; a prompt's tokens count once, not once per
-/// sample.
+/// sample. Choices run side by side, so the times are the longest choice's.
 #[derive(Debug, Default)]
 pub struct UsageSum {
     prompt: u32,
     cached: u32,
     completion: u32,
+    prompt_time: Duration,
+    generation_time: Duration,
 }
 
 impl UsageSum {
@@ -39,12 +42,31 @@ impl UsageSum {
             self.cached += usage.cached_tokens;
         }
         self.completion += usage.completion_tokens;
+        self.prompt_time = self.prompt_time.max(usage.prompt_time);
+        self.generation_time = self.generation_time.max(usage.generation_time);
     }
 
     /// The OpenAI usage object.
     pub fn usage(&self) -> Usage {
         Usage::new(self.prompt, self.completion, self.cached)
     }
+
+    /// llama-server's `timings` of the whole answer.
+    pub fn timings(&self) -> Timings {
+        let read = self.prompt.saturating_sub(self.cached);
+        Timings::new(
+            self.cached,
+            (read, self.prompt_time.as_secs_f64() * 1e3),
+            (self.completion, self.generation_time.as_secs_f64() * 1e3),
+        )
+    }
+}
+
+/// llama-server's `timings` of one finished choice.
+pub fn timings(usage: &ChoiceUsage) -> Timings {
+    let mut one = UsageSum::default();
+    one.add(ChoiceIndex::default(), *usage);
+    one.timings()
 }
 
 /// Every choice's text and finish reason, in index order.
@@ -64,6 +86,8 @@ pub struct Collected {
     pub logprobs: Vec<Vec<TokenLogprob>>,
     /// Token counts.
     pub usage: Usage,
+    /// llama-server's `timings` of the whole answer.
+    pub timings: Timings,
 }
 
 impl Collected {
@@ -179,6 +203,7 @@ pub async fn collect(
         usages,
         logprobs,
         usage: usage.usage(),
+        timings: usage.timings(),
     })
 }
 
@@ -214,8 +239,8 @@ pub trait ChunkWriter: Send + 'static {
     fn text(&self, index: u32, piece: Piece) -> String;
     /// The last chunk of choice `index`.
     fn finish(&self, index: u32, ending: Ending) -> String;
-    /// The final usage chunk.
-    fn usage(&self, usage: Usage) -> String;
+    /// The final usage chunk, with the whole answer's timings.
+    fn usage(&self, usage: Usage, timings: Timings) -> String;
     /// What ends the stream: OpenAI's `data: [DONE]`, unless the format has none.
     fn done(&self) -> &'static str {
         sse::DONE_EVENT
@@ -326,7 +351,7 @@ impl<W: ChunkWriter> StreamState<W> {
                 self.done += 1;
                 if self.done == self.shape.choices {
                     if self.include_usage {
-                        out.push_str(&self.writer.usage(self.usage.usage()));
+                        out.push_str(&self.writer.usage(self.usage.usage(), self.usage.timings()));
                     }
                     out.push_str(self.writer.done());
                     self.ended = true;

@@ -12,6 +12,7 @@ use std::sync::Mutex;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use slotgate_protocol::native::Timings;
 use slotgate_protocol::{
     sse, ApiError, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk,
     ChatCompletionRequest, ChoiceLogprobs, ChunkChoice, Delta, FinishReason, FunctionCallDelta,
@@ -85,7 +86,7 @@ pub(super) async fn respond_by(
     let streamed = streamed(&state, &req.sampling);
     let events = run(&state, &served, input, params, streamed.is_some(), headers).await?;
     let answer = answer::respond(events, writer, shape, streamed, |writer, done| {
-        let usage = done.usage.clone();
+        let (usage, timings) = (done.usage.clone(), done.timings);
         let choices = done
             .choices()
             .map(|choice| {
@@ -107,6 +108,7 @@ pub(super) async fn respond_by(
             system_fingerprint: Some(crate::SYSTEM_FINGERPRINT.into()),
             choices,
             usage: Some(usage),
+            timings: Some(timings),
         })
         .into_response()
     });
@@ -228,7 +230,12 @@ struct ChatChunks {
 }
 
 impl ChatChunks {
-    fn chunk(&self, choices: Vec<ChunkChoice>, usage: Option<Usage>) -> String {
+    fn chunk(
+        &self,
+        choices: Vec<ChunkChoice>,
+        usage: Option<Usage>,
+        timings: Option<Timings>,
+    ) -> String {
         sse::encode(&ChatCompletionChunk {
             id: self.id.clone(),
             object: "chat.completion.chunk".into(),
@@ -237,17 +244,19 @@ impl ChatChunks {
             system_fingerprint: Some(crate::SYSTEM_FINGERPRINT.into()),
             choices,
             usage,
+            timings,
         })
     }
 
     fn delta(&self, index: u32, delta: Delta, finish_reason: Option<FinishReason>) -> String {
         let choice = ChunkChoice { index, delta, logprobs: None, finish_reason, stop_reason: None };
-        self.chunk(vec![choice], None)
+        self.chunk(vec![choice], None, None)
     }
 
-    /// The last chunk of a choice: its finish reason, and the stop string that
-    /// ended it, if one did.
-    fn last(&self, index: u32, reason: FinishReason, stop: Option<String>) -> String {
+    /// The last chunk of a choice: its finish reason, the stop string that
+    /// ended it, if one did, and its timings.
+    fn last(&self, index: u32, reason: FinishReason, ending: &Ending) -> String {
+        let stop = ending.stop.clone();
         let choice = ChunkChoice {
             index,
             delta: Delta::default(),
@@ -255,14 +264,14 @@ impl ChatChunks {
             finish_reason: Some(reason),
             stop_reason: stop.map(StopReason::Text),
         };
-        self.chunk(vec![choice], None)
+        self.chunk(vec![choice], None, Some(answer::timings(&ending.usage)))
     }
 
     fn content(&self, index: u32, text: String, logprobs: Vec<TokenLogprob>) -> String {
         let delta = Delta { content: Some(text), ..Delta::default() };
         let logprobs = self.logprobs.then(|| ChoiceLogprobs::new(logprobs));
         let choice = ChunkChoice { index, delta, logprobs, finish_reason: None, stop_reason: None };
-        self.chunk(vec![choice], None)
+        self.chunk(vec![choice], None, None)
     }
 
     /// The chunks of one whole call: its id, type and name, then its arguments
@@ -342,9 +351,9 @@ impl ChunkWriter for ChatChunks {
     }
 
     fn finish(&self, index: u32, ending: Ending) -> String {
-        let Ending { reason, stop, .. } = ending;
+        let reason = ending.reason;
         let Some(plan) = &self.plan else {
-            return self.last(index, reason, stop.clone());
+            return self.last(index, reason, &ending);
         };
         let held = {
             let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
@@ -355,7 +364,7 @@ impl ChunkWriter for ChatChunks {
             // The calls went out as they were written.
             let reason =
                 if reason == FinishReason::Stop { FinishReason::ToolCalls } else { reason };
-            out.push_str(&self.last(index, reason, stop.clone()));
+            out.push_str(&self.last(index, reason, &ending));
             return out;
         }
         if held.reply.is_reply() {
@@ -363,7 +372,7 @@ impl ChunkWriter for ChatChunks {
             if !held.logprobs.is_empty() {
                 out.push_str(&self.content(index, String::new(), held.logprobs));
             }
-            out.push_str(&self.last(index, reason, stop.clone()));
+            out.push_str(&self.last(index, reason, &ending));
             return out;
         }
         let (message, reason) = message(Some(plan), held.text, reason);
@@ -373,12 +382,12 @@ impl ChunkWriter for ChatChunks {
         for (position, call) in message.tool_calls.into_iter().flatten().enumerate() {
             out.push_str(&self.call(index, position as u32, call));
         }
-        out.push_str(&self.last(index, reason, stop.clone()));
+        out.push_str(&self.last(index, reason, &ending));
         out
     }
 
-    fn usage(&self, usage: Usage) -> String {
-        self.chunk(Vec::new(), Some(usage))
+    fn usage(&self, usage: Usage, timings: Timings) -> String {
+        self.chunk(Vec::new(), Some(usage), Some(timings))
     }
 }
 

@@ -12,6 +12,7 @@ use slotgate_protocol::{
     FinishReason, PromptItem, StopReason, TokenLogprob, Usage,
 };
 
+use slotgate_protocol::native::Timings;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::answer::{self, ChunkWriter, Ending, Piece, Shape, Streamed};
@@ -147,7 +148,7 @@ pub async fn completions(
     let job = JobInput::Prompts(items);
     let events = run(&state, &served, job, params, streamed.is_some(), &headers).await?;
     let answer = answer::respond(events, writer, shape, streamed, |writer, done| {
-        let usage = done.usage.clone();
+        let (usage, timings) = (done.usage.clone(), done.timings);
         let choices = done
             .choices()
             .map(|c| {
@@ -157,7 +158,7 @@ pub async fn completions(
                 choice
             })
             .collect();
-        Json(writer.completion(choices, Some(usage))).into_response()
+        Json(writer.completion(choices, Some(usage), Some(timings))).into_response()
     });
     Ok(answer.await?)
 }
@@ -215,7 +216,12 @@ impl CompletionChunks {
         self.logprobs.then(|| CompletionLogprobs::new(tokens, offset))
     }
 
-    fn completion(&self, choices: Vec<CompletionChoice>, usage: Option<Usage>) -> Completion {
+    fn completion(
+        &self,
+        choices: Vec<CompletionChoice>,
+        usage: Option<Usage>,
+        timings: Option<Timings>,
+    ) -> Completion {
         Completion {
             id: self.id.clone(),
             object: "text_completion".into(),
@@ -224,6 +230,7 @@ impl CompletionChunks {
             system_fingerprint: Some(crate::SYSTEM_FINGERPRINT.into()),
             choices,
             usage,
+            timings,
         }
     }
 }
@@ -235,17 +242,19 @@ impl ChunkWriter for CompletionChunks {
 
     fn text(&self, index: u32, piece: Piece) -> String {
         let logprobs = self.logprobs(&piece.logprobs, piece.offset);
-        sse::encode(&self.completion(vec![self.choice(index, piece.text, None, logprobs)], None))
+        let choice = self.choice(index, piece.text, None, logprobs);
+        sse::encode(&self.completion(vec![choice], None, None))
     }
 
     fn finish(&self, index: u32, ending: Ending) -> String {
         let mut choice = self.choice(index, String::new(), Some(ending.reason), None);
         choice.stop_reason = ending.stop.map(StopReason::Text);
-        sse::encode(&self.completion(vec![choice], None))
+        let timings = answer::timings(&ending.usage);
+        sse::encode(&self.completion(vec![choice], None, Some(timings)))
     }
 
-    fn usage(&self, usage: Usage) -> String {
-        sse::encode(&self.completion(Vec::new(), Some(usage)))
+    fn usage(&self, usage: Usage, timings: Timings) -> String {
+        sse::encode(&self.completion(Vec::new(), Some(usage), Some(timings)))
     }
 }
 

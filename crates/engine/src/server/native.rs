@@ -12,7 +12,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
-use slotgate_protocol::native::{stop_type, NativeRequest};
+use slotgate_protocol::native::{stop_type, NativeRequest, Timings};
 use slotgate_protocol::{sse, PromptItem, TokenLogprob, Usage};
 
 use super::answer::{self, Choice, ChunkWriter, Ending, Piece, Shape};
@@ -20,7 +20,7 @@ use super::body::JsonBody;
 use super::generate::{completion_params, resolve_model, run, streamed};
 use super::AppState;
 use crate::error::EngineError;
-use crate::scheduler::{ChoiceUsage, GenParams, JobInput};
+use crate::scheduler::{GenParams, JobInput};
 
 /// `POST /completion`.
 pub async fn completion(
@@ -86,25 +86,6 @@ fn settings(params: &GenParams, n_predict: i64) -> Value {
     })
 }
 
-/// llama-server's `timings` of a finished choice.
-fn timings(usage: &ChoiceUsage) -> Value {
-    let (prompt_ms, predicted_ms) =
-        (usage.prompt_time.as_secs_f64() * 1e3, usage.generation_time.as_secs_f64() * 1e3);
-    let prompt_n = usage.prompt_tokens - usage.cached_tokens;
-    let per = |ms: f64, n: u32| if n > 0 { ms / f64::from(n) } else { 0.0 };
-    let rate = |ms: f64, n: u32| if ms > 0.0 { 1e3 * f64::from(n) / ms } else { 0.0 };
-    let predicted_n = usage.completion_tokens;
-    json!({
-        "cache_n": usage.cached_tokens,
-        "prompt_n": prompt_n, "prompt_ms": prompt_ms,
-        "prompt_per_token_ms": per(prompt_ms, prompt_n),
-        "prompt_per_second": rate(prompt_ms, prompt_n),
-        "predicted_n": predicted_n, "predicted_ms": predicted_ms,
-        "predicted_per_token_ms": per(predicted_ms, predicted_n),
-        "predicted_per_second": rate(predicted_ms, predicted_n),
-    })
-}
-
 /// llama-server's `completion_probabilities`: each token with its id (the
 /// alternatives' ids are not known here) and its log probability.
 fn probabilities(tokens: &[i32], logprobs: &[TokenLogprob]) -> Value {
@@ -155,7 +136,7 @@ impl NativeChunks {
             "stop_type": stop_type(ending.reason, ending.stop.is_some()),
             "stopping_word": ending.stop.clone().unwrap_or_default(),
             "tokens_cached": usage.prompt_tokens + usage.completion_tokens,
-            "timings": timings(usage),
+            "timings": answer::timings(usage),
         })
     }
 
@@ -197,7 +178,7 @@ impl ChunkWriter for NativeChunks {
         sse::encode(&self.finished(index, String::new(), Vec::new(), &ending))
     }
 
-    fn usage(&self, _usage: Usage) -> String {
+    fn usage(&self, _usage: Usage, _timings: Timings) -> String {
         String::new()
     }
 
