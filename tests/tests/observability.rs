@@ -35,7 +35,16 @@ fn chat(stream: bool) -> Value {
 
 #[tokio::test]
 async fn promtool_finds_nothing_to_say_of_either_servers_metrics() {
-    let engine = engine(&["--n-parallel", "2", "--ctx-len", "512", "--vllm-metrics", "false"]);
+    let engine = engine(&[
+        "--n-parallel",
+        "2",
+        "--ctx-len",
+        "512",
+        "--vllm-metrics",
+        "false",
+        "--llama-server-metrics",
+        "false",
+    ]);
     // With a key, so that the per-key series exist too.
     let config = TempFile::new(
         "observability.toml",
@@ -68,6 +77,7 @@ async fn promtool_finds_nothing_to_say_of_either_servers_metrics() {
     assert_eq!(metric_sum(gateway_text, "slotgate_backend_slots"), 2.0, "{gateway_text}");
     assert_eq!(metric_sum(engine_text, "slotgate_engine_slots"), 2.0, "{engine_text}");
     assert!(!engine_text.contains("vllm:"), "--vllm-metrics false leaves them out");
+    assert!(!engine_text.contains("llamacpp:"), "and --llama-server-metrics false these");
 
     // The Grafana dashboard asks only for series that these servers export.
     let path =
@@ -127,12 +137,17 @@ async fn the_engine_shows_its_load_under_vllms_names() {
     let usage = metric_sum_where(&text, "vllm:kv_cache_usage_perc", &label);
     assert!(usage > 0.0 && usage < 1.0, "one slot of two holds tokens: {usage}\n{text}");
     assert!(text.contains("num_gpu_blocks=\"1024\""), "two slots of 512 cells: {text}");
-    // Prometheus' linter objects to the `:` alone, which vLLM's names have.
+    // And as llama-server names it.
+    assert_eq!(metric_sum(&text, "llamacpp:requests_processing"), 1.0, "{text}");
+    assert_eq!(metric_sum(&text, "llamacpp:requests_deferred"), 0.0, "{text}");
+    // Prometheus' linter objects to the `:` alone, which vLLM's and
+    // llama-server's names have, and to llama-server's counter without
+    // `_total`: their names, kept for the dashboards that read them.
     for complaint in promtool(&text) {
-        assert!(
-            complaint.starts_with("vllm:") && complaint.ends_with("should not contain ':'"),
-            "{complaint}"
-        );
+        let colon = (complaint.starts_with("vllm:") || complaint.starts_with("llamacpp:"))
+            && complaint.ends_with("should not contain ':'");
+        let theirs = "llamacpp:n_tokens_max counter metrics should have \"_total\" suffix";
+        assert!(colon || complaint == theirs, "{complaint}");
     }
     running.abort();
 }
@@ -410,4 +425,42 @@ async fn a_real_prometheus_scrapes_both_servers_with_their_labels() {
             prometheus.query(&client, query).await
         );
     }
+}
+
+/// llama-server's own series (`llamacpp:`), as its dashboards read them:
+/// prompt tokens read and those found in the cache, tokens generated, decode
+/// calls, each equal to what the answers' `timings` said; and its
+/// `Process-Start-Time-Unix` header.
+#[tokio::test]
+async fn the_engine_counts_as_llama_server_does() {
+    let engine = engine(&["--n-parallel", "1", "--ctx-len", "512"]);
+    let client = client();
+    let url = format!("{}/completion", engine.url);
+    let (mut read, mut cached, mut predicted) = (0, 0, 0);
+    for n_predict in [1, 4, 16] {
+        let body = json!({"prompt": "the quick brown fox jumps over the lazy dog",
+            "n_predict": n_predict});
+        let answer: Value =
+            client.post(&url).json(&body).send().await.unwrap().json().await.unwrap();
+        let timings = &answer["timings"];
+        read += timings["prompt_n"].as_u64().unwrap();
+        cached += timings["cache_n"].as_u64().unwrap();
+        predicted += timings["predicted_n"].as_u64().unwrap();
+        if n_predict == 1 {
+            // One token is no decode step: no rate.
+            assert_eq!(timings["predicted_per_second"], 0.0, "{answer}");
+        }
+    }
+    assert!(cached > 0, "the later prompts were found in the slot's cache");
+    let response = client.get(format!("{}/metrics", engine.url)).send().await.unwrap();
+    let started = response.headers()["process-start-time-unix"].to_str().unwrap().to_owned();
+    assert!(started.parse::<u64>().unwrap() > 1_700_000_000, "{started}");
+    let text = response.text().await.unwrap();
+    assert_eq!(metric_sum(&text, "llamacpp:prompt_tokens_total"), read as f64, "{text}");
+    assert_eq!(metric_sum(&text, "llamacpp:prompt_tokens_cached_total"), cached as f64, "{text}");
+    assert_eq!(metric_sum(&text, "llamacpp:tokens_predicted_total"), predicted as f64, "{text}");
+    // At least one decode per prompt, and one per token after its first.
+    assert!(metric_sum(&text, "llamacpp:n_decode_total") >= (1 + 4 + 16) as f64, "{text}");
+    assert_eq!(metric_sum(&text, "llamacpp:requests_processing"), 0.0, "{text}");
+    assert!(text.contains("# TYPE llamacpp:prompt_seconds_total counter\n"), "{text}");
 }

@@ -94,11 +94,14 @@ pub struct Timings {
 
 impl Timings {
     /// The timings of `prompt_n` tokens read in `prompt_ms` (besides `cache_n`
-    /// from the cache) and `predicted_n` generated in `predicted_ms`.
+    /// from the cache) and `predicted_n` generated in `predicted_ms` over
+    /// `steps` decode steps. As llama-server counts them, a choice's first
+    /// token comes with its prompt's last batch, so its generation takes one
+    /// step fewer than its tokens, and its rates are per step.
     pub fn new(
         cache_n: u32,
         (prompt_n, prompt_ms): (u32, f64),
-        (predicted_n, predicted_ms): (u32, f64),
+        (predicted_n, steps, predicted_ms): (u32, u32, f64),
     ) -> Self {
         let per = |ms: f64, n: u32| if n > 0 { ms / f64::from(n) } else { 0.0 };
         let rate = |ms: f64, n: u32| if ms > 0.0 { 1e3 * f64::from(n) / ms } else { 0.0 };
@@ -110,8 +113,8 @@ impl Timings {
             prompt_per_second: rate(prompt_ms, prompt_n),
             predicted_n,
             predicted_ms,
-            predicted_per_token_ms: per(predicted_ms, predicted_n),
-            predicted_per_second: rate(predicted_ms, predicted_n),
+            predicted_per_token_ms: per(predicted_ms, steps),
+            predicted_per_second: rate(predicted_ms, steps),
         }
     }
 }
@@ -172,12 +175,14 @@ mod tests {
 
     #[test]
     fn timings_rate_what_was_done_and_nothing_for_nothing() {
-        let t = Timings::new(3, (10, 20.0), (4, 100.0));
-        assert_eq!((t.cache_n, t.prompt_n, t.predicted_n), (3, 10, 4));
+        let t = Timings::new(3, (10, 20.0), (5, 4, 100.0));
+        assert_eq!((t.cache_n, t.prompt_n, t.predicted_n), (3, 10, 5));
         assert_eq!((t.prompt_per_token_ms, t.prompt_per_second), (2.0, 500.0));
         assert_eq!((t.predicted_per_token_ms, t.predicted_per_second), (25.0, 40.0));
-        let none = Timings::new(5, (0, 0.0), (0, 0.0));
-        assert_eq!((none.prompt_per_second, none.predicted_per_token_ms), (0.0, 0.0));
+        // One token is no step: no rate, rather than an infinite one.
+        let one = Timings::new(5, (0, 0.0), (1, 0, 0.01));
+        assert_eq!((one.prompt_per_second, one.predicted_per_token_ms), (0.0, 0.0));
+        assert_eq!(one.predicted_per_second, 0.0);
     }
 
     #[test]

@@ -106,6 +106,11 @@ pub struct ServerSettings {
     /// llm-d schedule on. Prometheus' linter objects to their `:`.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub vllm_metrics: bool,
+    /// Also export llama-server's series (`llamacpp:prompt_tokens_total`,
+    /// `llamacpp:requests_processing` and the rest, as its `--metrics` does),
+    /// process totals for the dashboards written for llama-server.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub llama_server_metrics: bool,
 }
 
 impl ServerSettings {

@@ -94,6 +94,8 @@ fn embed_one(ctx: &mut LlamaContext<'_>, tokens: &[LlamaToken]) -> Result<Vec<f3
         tracing::error!(error = %e, "embedding decode failed");
         ApiError::internal()
     })?;
+    crate::metrics::llama_server::TOTALS.decoded(1);
+    crate::metrics::llama_server::TOTALS.embedded(tokens.len());
     let vector = ctx.embeddings_seq_ith(0).map_err(|_| ApiError::internal())?;
     Ok(normalize(vector))
 }

@@ -275,6 +275,9 @@ impl Worker {
     /// sends the events that this state follows from.
     fn publish(&mut self) {
         let models: Vec<ModelSnapshot> = self.models.iter().map(ModelRuntime::snapshot).collect();
+        let busy = models.iter().flat_map(|m| &m.slots).filter(|s| s.is_processing).count();
+        let waiting = models.iter().map(|m| m.queue_depth).sum::<usize>();
+        m::llama_server::TOTALS.load(busy, waiting);
         for model in &models {
             let busy = model.slots.iter().filter(|s| s.is_processing).count();
             metrics::gauge!(m::SLOTS, "model" => model.id.clone()).set(model.slots.len() as f64);

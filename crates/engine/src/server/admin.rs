@@ -167,10 +167,21 @@ pub async fn slots(
     response
 }
 
-/// `GET /metrics`: Prometheus text.
+/// `GET /metrics`: Prometheus text, with llama-server's
+/// `Process-Start-Time-Unix` header.
 pub async fn metrics(State(state): State<AppState>) -> Response {
-    let text = crate::metrics::render(&state.metrics, state.config.server.vllm_metrics);
-    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+    let server = &state.config.server;
+    let names = crate::metrics::Names {
+        vllm: server.vllm_metrics,
+        llama_server: server.llama_server_metrics,
+    };
+    let text = crate::metrics::render(&state.metrics, names);
+    let started = crate::metrics::llama_server::TOTALS.started().to_string();
+    let headers = [
+        (axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4".to_owned()),
+        (axum::http::HeaderName::from_static("process-start-time-unix"), started),
+    ];
+    (headers, text).into_response()
 }
 
 /// Names other servers use for the same settings, accepted in load bodies.

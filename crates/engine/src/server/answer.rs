@@ -30,6 +30,8 @@ pub struct UsageSum {
     prompt: u32,
     cached: u32,
     completion: u32,
+    /// Decode steps of generation: a choice's first token needs none.
+    steps: u32,
     prompt_time: Duration,
     generation_time: Duration,
 }
@@ -42,6 +44,7 @@ impl UsageSum {
             self.cached += usage.cached_tokens;
         }
         self.completion += usage.completion_tokens;
+        self.steps += usage.completion_tokens.saturating_sub(1);
         self.prompt_time = self.prompt_time.max(usage.prompt_time);
         self.generation_time = self.generation_time.max(usage.generation_time);
     }
@@ -57,7 +60,7 @@ impl UsageSum {
         Timings::new(
             self.cached,
             (read, self.prompt_time.as_secs_f64() * 1e3),
-            (self.completion, self.generation_time.as_secs_f64() * 1e3),
+            (self.completion, self.steps, self.generation_time.as_secs_f64() * 1e3),
         )
     }
 }

@@ -166,7 +166,10 @@ pub async fn serve(
         api_keys: Arc::new(config.server.api_keys()?),
         cors: Arc::new(slotgate_http::cors::Cors::new(&config.server.cors_origins, 600)),
         config: Arc::new(config),
-        metrics: crate::metrics::handle(),
+        metrics: {
+            crate::metrics::llama_server::TOTALS.start();
+            crate::metrics::handle()
+        },
         draining: draining.clone(),
         followers: Arc::default(),
         responses: Arc::default(),

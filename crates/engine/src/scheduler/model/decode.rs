@@ -32,6 +32,8 @@ impl ModelRuntime {
             fail_all(loaded, slots, outbox);
             return (true, in_llama);
         }
+        let busy = slots.iter().filter(|s| s.running.is_some()).count();
+        m::llama_server::TOTALS.decoded(busy);
         // Record what is now in each sequence's cache.
         for (i, n) in chunks {
             let slot = &mut slots[i];
@@ -274,6 +276,10 @@ fn finish(mut run: Running, reason: FinishReason, at: (&str, u32), outbox: &mut 
         .increment(usage.cached_tokens.into());
     metrics::counter!(m::PROMPT_TOKENS_COMPUTED, "model" => id.to_owned())
         .increment(u64::from(usage.prompt_tokens - usage.cached_tokens));
+    m::llama_server::TOTALS.choice(
+        (usage.prompt_tokens, usage.cached_tokens, usage.prompt_time),
+        (usage.completion_tokens, usage.generation_time),
+    );
     tracing::debug!(model = %id, task = run.task.id, ?reason, ?usage, elapsed = ?run.admitted.elapsed(), "choice done");
     let stop = run.text.matched().map(str::to_owned);
     run.task.send(outbox, Event::Done { index: run.task.index, reason, stop, usage });

@@ -2,6 +2,8 @@
 //! the vLLM-named ones, which schedulers built for vLLM read (Kubernetes'
 //! Gateway API Inference Extension, llm-d), by `model_name` as vLLM labels them.
 
+pub mod llama_server;
+
 use metrics_exporter_prometheus::PrometheusHandle;
 use slotgate_http::MetricKind as Kind;
 
@@ -97,20 +99,36 @@ pub fn handle() -> PrometheusHandle {
     slotgate_http::recorder(DESCRIBED)
 }
 
-/// `/metrics` as rendered, less the vLLM-named series when they are not wanted:
-/// their `:` is reserved for recording rules, and Prometheus' linter says so.
-pub fn render(handle: &PrometheusHandle, vllm: bool) -> String {
+/// Which other servers' names `/metrics` also uses.
+#[derive(Debug, Clone, Copy)]
+pub struct Names {
+    /// vLLM's (`vllm:`), labelled by model.
+    pub vllm: bool,
+    /// llama-server's (`llamacpp:`), process totals.
+    pub llama_server: bool,
+}
+
+/// `/metrics` as rendered, less the series under other servers' names that
+/// are not wanted: their `:` is reserved for recording rules, and Prometheus'
+/// linter says so.
+pub fn render(handle: &PrometheusHandle, names: Names) -> String {
     let text = handle.render();
-    if vllm {
-        return text;
-    }
     let mut out = String::with_capacity(text.len());
-    for line in text.split_inclusive('\n') {
-        let name =
-            line.strip_prefix("# HELP ").or_else(|| line.strip_prefix("# TYPE ")).unwrap_or(line);
-        if !name.starts_with("vllm:") {
-            out.push_str(line);
+    if names.vllm {
+        out.push_str(&text);
+    } else {
+        for line in text.split_inclusive('\n') {
+            let name = line
+                .strip_prefix("# HELP ")
+                .or_else(|| line.strip_prefix("# TYPE "))
+                .unwrap_or(line);
+            if !name.starts_with("vllm:") {
+                out.push_str(line);
+            }
         }
+    }
+    if names.llama_server {
+        out.push_str(&llama_server::TOTALS.render());
     }
     out
 }
