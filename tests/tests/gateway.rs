@@ -495,6 +495,12 @@ async fn supervised_engines_start_serve_and_restart() {
     let load = format!("{old_url}/v1/models/load");
     let (status, _) = post(&client, &load, &json!({"model": model_path()})).await;
     assert_eq!(status, 401, "a supervised engine loads models only for its gateway");
+    // And answers only its gateway: nothing on the host goes around the
+    // gateway's keys and limits.
+    let direct = format!("{old_url}/v1/chat/completions");
+    let (status, refused) = post(&client, &direct, &chat(MODEL, "Hi", 4, false)).await;
+    assert_eq!(status, 401, "{refused}");
+    assert_eq!(get(&client, &format!("{old_url}/health")).await.0, 200, "health stays open");
     let killed = std::process::Command::new("pkill")
         .args(["-KILL", "-P", &gw.pid().to_string()])
         .status()

@@ -1,6 +1,7 @@
 //! Local `slotgate-engine` processes: started from `[[engines]]`, one backend each,
 //! restarted with backoff when they exit, and stopped with the gateway. Each gets
-//! an admin key of its own, made at start and known only to this gateway.
+//! a key of its own, made at start and known only to this gateway, that opens
+//! its admin API and its inference endpoints alike.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -38,6 +39,13 @@ async fn spawn(spec: &EngineSpec, admin_key: &str) -> std::io::Result<(Child, St
     let mut cmd = Command::new(engine_binary(spec));
     // Through the environment, not a flag: flags are visible to every user in `ps`.
     cmd.env(ADMIN_KEY_ENV, admin_key).args(["--admin-key-env", ADMIN_KEY_ENV]);
+    // The same key is its API key (llama-server's --api-key), unless its args
+    // name keys of their own (the admin key opens it then too): the gateway
+    // sends it with every request, and nothing else on the host reaches the
+    // engine past the gateway's keys, limits and queue.
+    if !spec.args.iter().any(|a| a.starts_with("--api-key")) {
+        cmd.args(["--api-key-env", ADMIN_KEY_ENV]);
+    }
     cmd.arg("--model")
         .arg(&spec.model)
         .args(["--host", "127.0.0.1", "--port", "0"])
