@@ -5,6 +5,20 @@
 use serde_json::{json, Value};
 use slotgate_tests::*;
 
+/// The head of the answer to `request`, sent as it is written.
+fn raw_head(url: &str, request: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(url.trim_start_matches("http://")).unwrap();
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap() == 1 {
+        head.push(byte[0]);
+    }
+    String::from_utf8_lossy(&head).into_owned()
+}
+
 /// The `data:` events of a llama-server stream, and whether a `[DONE]` came.
 async fn events(client: &reqwest::Client, url: &str, body: &Value) -> (Vec<Value>, bool) {
     let text = client.post(url).json(body).send().await.unwrap().text().await.unwrap();
@@ -219,8 +233,17 @@ async fn cors_lets_in_the_allowed_pages_only() {
     }
     for origin in ["http://localhost.evil.com", "https://evil.example.com"] {
         let r = preflight(origin).await.unwrap();
+        assert_eq!(r.status(), 200, "answered as llama-server answers: {origin}");
         assert!(!r.headers().contains_key("access-control-allow-origin"), "{origin}");
     }
+    // Header names go out as llama-server writes them, for the clients that
+    // look them up as written.
+    let head = raw_head(
+        &engine.url,
+        "OPTIONS /completion HTTP/1.1\r\nHost: x\r\n\
+        Origin: http://localhost:3000\r\nAccess-Control-Request-Method: POST\r\n\r\n",
+    );
+    assert!(head.contains("\r\nAccess-Control-Allow-Origin: http://localhost:3000\r\n"), "{head}");
     let body = json!({"prompt": "Hi", "n_predict": 1});
     let send = |origin: &'static str| {
         client.post(&url).bearer_auth("sk-one").header("origin", origin).json(&body).send()

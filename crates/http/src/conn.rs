@@ -53,6 +53,10 @@ impl Limits {
     pub fn http1(&self) -> hyper::server::conn::http1::Builder {
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder.timer(TokioTimer::new()).header_read_timeout(self.header_timeout);
+        // Header names as llama-server, nginx and most servers write them
+        // (`Content-Type`): names are case-insensitive, but some clients, and
+        // llama.cpp's own tests, look them up as written.
+        builder.title_case_headers(true);
         builder
     }
 }

@@ -7,7 +7,6 @@
 
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use slotgate_protocol::{ApiError, ErrorType};
 
 /// Methods the servers' routes take.
 const METHODS: &str = "GET, POST, DELETE, OPTIONS";
@@ -81,16 +80,14 @@ impl Cors {
         }
         let origin = headers.get(header::ORIGIN)?;
         headers.get(header::ACCESS_CONTROL_REQUEST_METHOD)?;
-        if self.allows(origin).is_none() {
-            let err = ApiError::new(
-                ErrorType::PermissionError,
-                "this origin is not allowed (the server's allowed CORS origins)",
-            );
-            return Some(crate::api_response(err));
-        }
-        // 200, as llama-server answers; any 2xx lets the browser go on.
+        // 200 either way, as llama-server (and tower-http) answer: a page not
+        // allowed gets no Access-Control-Allow-Origin, which is what browsers
+        // refuse on and what their consoles then name.
         let mut response = StatusCode::OK.into_response();
         self.decorate(Some(origin), &mut response);
+        if self.allows(origin).is_none() {
+            return Some(response);
+        }
         let h = response.headers_mut();
         h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static(METHODS));
         let asked = headers.get(header::ACCESS_CONTROL_REQUEST_HEADERS).cloned();
@@ -162,7 +159,7 @@ mod tests {
         assert_eq!(ok.headers()[header::ACCESS_CONTROL_ALLOW_ORIGIN], "https://chat.example.com");
         assert_eq!(ok.headers()[header::ACCESS_CONTROL_ALLOW_CREDENTIALS], "true");
         let evil = cors.preflight(&Method::OPTIONS, &request("https://evil.example.com")).unwrap();
-        assert_eq!(evil.status(), 403);
+        assert_eq!(evil.status(), 200, "answered, as llama-server answers, with no origin");
         assert!(!evil.headers().contains_key(header::ACCESS_CONTROL_ALLOW_ORIGIN));
         assert!(!evil.headers().contains_key(header::ACCESS_CONTROL_ALLOW_CREDENTIALS));
         let mut answer = StatusCode::OK.into_response();
