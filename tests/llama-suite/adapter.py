@@ -70,6 +70,8 @@ def for_slotgate(flags, model):
     for name in ("--chat-template", "--chat-template-file"):
         if name in given:
             args += [name, given[name]]
+    if "--seed" in given:
+        args += ["--seed", given["--seed"]]
     if "--n-predict" in given:
         args += ["--n-predict", given["--n-predict"]]
     if "--slot-save-path" in given:

@@ -362,3 +362,25 @@ async fn openai_answers_carry_llama_servers_timings() {
     assert_eq!(status, 200, "{message}");
     assert!(message.get("timings").is_none(), "{message}");
 }
+
+/// The engine's `seed` (llama-server's `--seed`) is the seed of requests that
+/// send none, so that they sample alike, and `/props` shows it; a request's
+/// own seed still wins.
+#[tokio::test]
+async fn the_engines_seed_is_the_default_of_requests() {
+    let engine = engine(&["--n-parallel", "1", "--ctx-len", "256", "--seed", "42"]);
+    let client = client();
+    let (_, props) = get(&client, &format!("{}/props", engine.url)).await;
+    assert_eq!(props["default_generation_settings"]["params"]["seed"], 42, "{props}");
+    let url = format!("{}/completion", engine.url);
+    let body = json!({"prompt": "Once upon a time", "n_predict": 24, "temperature": 1.5,
+        "cache_prompt": false});
+    let (_, first) = post(&client, &url, &body).await;
+    let (_, again) = post(&client, &url, &body).await;
+    assert_eq!(first["content"], again["content"], "one seed, one draw");
+    assert_eq!(first["generation_settings"]["seed"], 42, "{first}");
+    let mut own = body.clone();
+    own["seed"] = json!(7);
+    let (_, seven) = post(&client, &url, &own).await;
+    assert_eq!(seven["generation_settings"]["seed"], 7, "{seven}");
+}

@@ -22,6 +22,19 @@ pub enum Prompt {
     Mixed(Vec<PromptPiece>),
     /// Several prompts, each in any of the forms above.
     Several(Vec<SubPrompt>),
+    /// One prompt as llama-server's object, `{"prompt_string": ...}`.
+    Object(PromptObject),
+}
+
+/// llama-server's prompt object: `{"prompt_string": ...}`, with
+/// `multimodal_data` for a multimodal model (refused: the engine serves text).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PromptObject {
+    /// The text.
+    pub prompt_string: String,
+    /// Base64 media; refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multimodal_data: Option<serde_json::Value>,
 }
 
 /// A piece of a mixed prompt.
@@ -44,15 +57,8 @@ pub enum SubPrompt {
     Tokens(Vec<u32>),
     /// Token ids and texts in turn.
     Mixed(Vec<PromptPiece>),
-    /// `{"prompt_string": ...}`, with `multimodal_data` for a multimodal model
-    /// (refused: the engine serves text).
-    Object {
-        /// The text.
-        prompt_string: String,
-        /// Base64 media; refused.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        multimodal_data: Option<serde_json::Value>,
-    },
+    /// `{"prompt_string": ...}`.
+    Object(PromptObject),
 }
 
 /// One prompt after the array forms are taken apart.
@@ -69,7 +75,9 @@ pub enum PromptItem {
 impl SubPrompt {
     fn item(&self) -> PromptItem {
         match self {
-            Self::Text(s) | Self::Object { prompt_string: s, .. } => PromptItem::Text(s.clone()),
+            Self::Text(s) | Self::Object(PromptObject { prompt_string: s, .. }) => {
+                PromptItem::Text(s.clone())
+            }
             Self::Tokens(t) => PromptItem::Tokens(t.clone()),
             Self::Mixed(p) => PromptItem::Mixed(p.clone()),
         }
@@ -86,6 +94,7 @@ impl Prompt {
             Self::TokenArrays(v) => v.iter().cloned().map(PromptItem::Tokens).collect(),
             Self::Mixed(p) => vec![PromptItem::Mixed(p.clone())],
             Self::Several(v) => v.iter().map(SubPrompt::item).collect(),
+            Self::Object(o) => vec![PromptItem::Text(o.prompt_string.clone())],
         }
     }
 
@@ -95,7 +104,7 @@ impl Prompt {
             Self::Texts(v) => v.len(),
             Self::TokenArrays(v) => v.len(),
             Self::Several(v) => v.len(),
-            Self::Text(_) | Self::Tokens(_) | Self::Mixed(_) => 1,
+            Self::Text(_) | Self::Tokens(_) | Self::Mixed(_) | Self::Object(_) => 1,
         }
     }
 
@@ -117,8 +126,12 @@ impl Prompt {
     /// Whether a prompt carries media (`multimodal_data`), which a text model
     /// cannot read.
     pub fn has_media(&self) -> bool {
-        matches!(self, Self::Several(v) if v.iter().any(|p| matches!(p,
-            SubPrompt::Object { multimodal_data: Some(_), .. })))
+        let media = |o: &PromptObject| o.multimodal_data.is_some();
+        match self {
+            Self::Object(o) => media(o),
+            Self::Several(v) => v.iter().any(|p| matches!(p, SubPrompt::Object(o) if media(o))),
+            _ => false,
+        }
     }
 }
 

@@ -29,7 +29,8 @@ pub use common::{
     FinishReason, PromptTokensDetails, Sampling, Stop, StopReason, StreamOptions, Usage,
 };
 pub use completions::{
-    Completion, CompletionChoice, CompletionRequest, Prompt, PromptItem, PromptPiece, SubPrompt,
+    Completion, CompletionChoice, CompletionRequest, Prompt, PromptItem, PromptObject, PromptPiece,
+    SubPrompt,
 };
 pub use embeddings::{
     Embedding, EmbeddingInput, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage,

@@ -154,8 +154,14 @@ mod tests {
             ]
         );
         assert_eq!(items(json!({"prompt": ["a", "b"]})).len(), 2);
+        assert_eq!(
+            items(json!({"prompt": {"prompt_string": "b"}})),
+            [PromptItem::Text("b".into())]
+        );
         let media = request(json!({"prompt": [{"prompt_string": "a", "multimodal_data": ["x"]}]}));
         assert!(media.prompt.has_media());
+        let one = request(json!({"prompt": {"prompt_string": "a", "multimodal_data": "x"}}));
+        assert!(one.prompt.has_media());
     }
 
     #[test]

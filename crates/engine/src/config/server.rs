@@ -77,6 +77,10 @@ pub struct ServerSettings {
     /// context is full.
     #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
     pub n_predict: i64,
+    /// The sampler seed of requests that send none (llama-server's `--seed`);
+    /// -1: a random one each.
+    #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+    pub seed: i64,
     /// The directory where `POST /slots/{id}?action=save|restore` writes and
     /// reads slot files (llama-server's `--slot-save-path`); unset, those
     /// actions are refused.

@@ -36,10 +36,11 @@ pub(super) async fn run(
     state: &AppState,
     served: &Served,
     input: JobInput,
-    params: GenParams,
+    mut params: GenParams,
     stream: bool,
     headers: &axum::http::HeaderMap,
 ) -> Result<(Option<Event>, UnboundedReceiver<Event>), EngineError> {
+    server_seed(state, &mut params);
     let scheduler = &state.scheduler;
     check_choices(&input, &params, served.info.max_choices).map_err(EngineError::Api)?;
     // Which gateway replica sent it: the slot state says so, for replicas to
@@ -161,6 +162,15 @@ pub async fn completions(
         Json(writer.completion(choices, Some(usage), Some(timings))).into_response()
     });
     Ok(answer.await?)
+}
+
+/// The engine's own seed (`seed`, llama-server's `--seed`) for a request
+/// that sends none.
+pub(super) fn server_seed(state: &AppState, params: &mut GenParams) {
+    let seed = state.config.server.seed;
+    if params.seed.is_none() && seed >= 0 {
+        params.seed = Some(seed);
+    }
 }
 
 /// How a text completion samples, with at most `max_tokens` per choice

@@ -17,7 +17,7 @@ use slotgate_protocol::{sse, PromptItem, TokenLogprob, Usage};
 
 use super::answer::{self, Choice, ChunkWriter, Ending, Piece, Shape};
 use super::body::JsonBody;
-use super::generate::{completion_params, resolve_model, run, streamed};
+use super::generate::{completion_params, resolve_model, run, server_seed, streamed};
 use super::AppState;
 use crate::error::EngineError;
 use crate::scheduler::{GenParams, JobInput};
@@ -32,7 +32,8 @@ pub async fn completion(
     let served = resolve_model(&state, &mut req.model)?;
     req.validate()?;
     let max_tokens = native.max_tokens(state.config.server.n_predict)?;
-    let params = completion_params(&req, max_tokens)?;
+    let mut params = completion_params(&req, max_tokens)?;
+    server_seed(&state, &mut params);
     let items = req.prompt.items();
     let shape = Shape { choices: items.len() as u32 * params.n };
     let prompts = items
