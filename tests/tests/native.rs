@@ -78,6 +78,22 @@ async fn completion_answers_in_llama_servers_shape() {
     let ids: usize = pieces.iter().map(|e| e["tokens"].as_array().unwrap().len()).sum();
     assert_eq!(ids, 8);
 
+    // `n_probs`: each token, and each of its alternatives, by id, text and
+    // log probability; the greedy token is the likeliest.
+    let probed = json!({"prompt": "I believe the meaning of life is", "n_predict": 3,
+        "n_probs": 4, "temperature": 0});
+    let (_, probed) = post(&client, &url, &probed).await;
+    let probabilities = probed["completion_probabilities"].as_array().unwrap();
+    assert_eq!(probabilities.len(), 3, "{probed}");
+    for token in probabilities {
+        let top = token["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 4, "{token}");
+        assert!(top
+            .iter()
+            .all(|a| a["id"].as_i64().is_some() && a["logprob"].as_f64() <= Some(0.0)));
+        assert_eq!(top[0]["id"], token["id"], "greedy: the likeliest: {token}");
+    }
+
     // A stop string: the text before it, `word`, and which one.
     let body = json!({"prompt": "One, two, three,", "n_predict": 40, "stop": [",", " "],
         "temperature": 0});

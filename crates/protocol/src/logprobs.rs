@@ -19,6 +19,10 @@ pub struct TopLogprob {
     pub logprob: f32,
     /// The token's bytes.
     pub bytes: Option<Vec<u8>>,
+    /// The token's id, for llama-server's answers, which name it; not part
+    /// of OpenAI's.
+    #[serde(skip)]
+    pub id: Option<i32>,
 }
 
 /// One generated token: its log probability and the most likely alternatives.

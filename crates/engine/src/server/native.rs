@@ -87,8 +87,8 @@ fn settings(params: &GenParams, n_predict: i64) -> Value {
     })
 }
 
-/// llama-server's `completion_probabilities`: each token with its id (the
-/// alternatives' ids are not known here) and its log probability.
+/// llama-server's `completion_probabilities`: each token and each of its
+/// alternatives with its id and its log probability.
 fn probabilities(tokens: &[i32], logprobs: &[TokenLogprob]) -> Value {
     let entry = |id: Option<i32>, token: &str, logprob: f32, bytes: &Option<Vec<u8>>| {
         let mut e = json!({"token": token, "logprob": logprob,
@@ -101,7 +101,7 @@ fn probabilities(tokens: &[i32], logprobs: &[TokenLogprob]) -> Value {
     let each = logprobs.iter().enumerate().map(|(k, t)| {
         let mut e = entry(tokens.get(k).copied(), &t.token, t.logprob, &t.bytes);
         let top: Vec<Value> =
-            t.top_logprobs.iter().map(|a| entry(None, &a.token, a.logprob, &a.bytes)).collect();
+            t.top_logprobs.iter().map(|a| entry(a.id, &a.token, a.logprob, &a.bytes)).collect();
         e["top_logprobs"] = json!(top);
         e
     });

@@ -211,6 +211,7 @@ impl Sampled<'_> {
                         token: String::from_utf8_lossy(&bytes).into_owned(),
                         logprob,
                         bytes: Some(bytes),
+                        id: Some(t.0),
                     }
                 })
                 .collect();
