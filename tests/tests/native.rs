@@ -400,3 +400,35 @@ async fn the_engines_seed_is_the_default_of_requests() {
     let (_, seven) = post(&client, &url, &own).await;
     assert_eq!(seven["generation_settings"]["seed"], 7, "{seven}");
 }
+
+/// llama-server's `logit_bias` forms on `/completion`: `[[id, false]]` bans a
+/// token, and a text key biases each token of that text; OpenAI's routes
+/// keep OpenAI's form (token ids only).
+#[tokio::test]
+async fn completion_takes_llama_servers_logit_bias_forms() {
+    let engine = engine(&["--n-parallel", "1", "--ctx-len", "256"]);
+    let client = client();
+    let url = format!("{}/completion", engine.url);
+    let greedy = |bias: Value| {
+        json!({"prompt": "I believe the meaning of life is", "n_predict": 1, "temperature": 0,
+            "return_tokens": true, "logit_bias": bias})
+    };
+    let (_, free) = post(&client, &url, &greedy(json!([]))).await;
+    let first = free["tokens"][0].clone();
+    let piece = free["content"].as_str().unwrap().to_owned();
+    for bias in [json!([[first, false]]), json!({ piece.clone(): -100 }), json!([[piece, -100]])] {
+        let (status, banned) = post(&client, &url, &greedy(bias.clone())).await;
+        assert_eq!(status, 200, "{banned}");
+        assert_ne!(banned["tokens"][0], first, "{bias}: {banned}");
+    }
+    let (status, refused) = post(&client, &url, &greedy(json!([["", 1]]))).await;
+    assert_eq!((status, refused["error"]["param"].as_str()), (400, Some("logit_bias")));
+    let openai = json!({"model": MODEL, "prompt": "Hi", "max_tokens": 1,
+        "logit_bias": {" the": -100}});
+    let (status, refused) = post(&client, &format!("{}/v1/completions", engine.url), &openai).await;
+    assert_eq!(
+        (status, refused["error"]["param"].as_str()),
+        (400, Some("logit_bias")),
+        "{refused}"
+    );
+}

@@ -130,9 +130,11 @@ pub struct Sampling {
     /// Penalty growing with a token's count so far, -2 to 2.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frequency_penalty: Option<f32>,
-    /// Bias added to the logits of token ids (keys are token ids as strings), -100 to 100.
+    /// Bias added to the logits of token ids (keys are token ids as strings),
+    /// -100 to 100; llama-server's forms are read too, and taken on its
+    /// `/completion` only (see [`crate::logit_bias`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub logit_bias: Option<std::collections::BTreeMap<String, f32>>,
+    pub logit_bias: Option<crate::logit_bias::LogitBias>,
     /// An end-user id, passed through for logs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
@@ -185,12 +187,8 @@ impl Sampling {
         self.stop.as_ref().map(Stop::to_vec).unwrap_or_default()
     }
 
-    /// `logit_bias` as (token id, bias) pairs. Keys were checked by validation.
+    /// `logit_bias` as (token id, bias) pairs: those that name ids.
     pub fn logit_bias_pairs(&self) -> Vec<(i32, f32)> {
-        self.logit_bias
-            .iter()
-            .flatten()
-            .filter_map(|(k, v)| k.parse().ok().map(|id| (id, *v)))
-            .collect()
+        self.logit_bias.as_ref().map(|b| b.resolve().0).unwrap_or_default()
     }
 }

@@ -10,6 +10,7 @@ pub mod common;
 pub mod completions;
 pub mod embeddings;
 pub mod error;
+pub mod logit_bias;
 pub mod logprobs;
 pub mod models;
 pub mod native;

@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::logit_bias::Resolved;
 use crate::{ApiError, CompletionRequest, FinishReason, Prompt, Sampling};
 
 /// The body of `POST /completion`. Sampling fields are chat's and completions'
@@ -48,11 +49,21 @@ impl NativeRequest {
         })
     }
 
-    /// The text completion it means.
+    /// The text completion it means, less its `logit_bias`, which
+    /// [`Self::logit_bias`] reads in llama-server's forms.
     pub fn to_completion(&self) -> CompletionRequest {
         let mut req = CompletionRequest::new(self.model.clone(), self.prompt.clone());
         req.sampling = self.sampling.clone();
+        req.sampling.logit_bias = None;
         req
+    }
+
+    /// Its `logit_bias`, checked: the biases of token ids, and of texts (to
+    /// be tokenized).
+    pub fn logit_bias(&self) -> Result<(Resolved<i32>, Resolved<String>), ApiError> {
+        let Some(bias) = &self.sampling.logit_bias else { return Ok(Default::default()) };
+        bias.check_llama_server()?;
+        Ok(bias.resolve())
     }
 }
 

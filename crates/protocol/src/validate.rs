@@ -89,19 +89,8 @@ impl Sampling {
         if stops.iter().any(String::is_empty) {
             return Err(ApiError::invalid("stop", "stop sequences must not be empty"));
         }
-        for (token, bias) in self.logit_bias.iter().flatten() {
-            if token.parse::<u32>().is_err() {
-                return Err(ApiError::invalid(
-                    "logit_bias",
-                    format!("logit_bias keys must be token ids, got `{token}`"),
-                ));
-            }
-            if !(-100.0..=100.0).contains(bias) {
-                return Err(ApiError::invalid(
-                    "logit_bias",
-                    format!("logit_bias values must be between -100 and 100, got {bias} for token {token}"),
-                ));
-            }
+        if let Some(bias) = &self.logit_bias {
+            bias.check_openai()?;
         }
         Ok(())
     }

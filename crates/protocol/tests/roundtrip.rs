@@ -3,6 +3,7 @@
 use proptest::collection::{btree_map, vec};
 use proptest::option;
 use proptest::prelude::*;
+use slotgate_protocol::logit_bias::{Bias, LogitBias};
 use slotgate_protocol::*;
 
 fn text() -> impl Strategy<Value = String> {
@@ -78,7 +79,9 @@ fn sampling() -> impl Strategy<Value = Sampling> {
                 seed: s.1,
                 presence_penalty: p.0.map(|v| v - 1.0),
                 frequency_penalty: p.1.map(|v| v - 1.0),
-                logit_bias: bias.map(|m| m.into_iter().map(|(k, v)| (k, v as f32)).collect()),
+                logit_bias: bias.map(|m| {
+                    LogitBias::Map(m.into_iter().map(|(k, v)| (k, Bias::Value(v as f32))).collect())
+                }),
                 prompt_cache_key: user.clone(),
                 cache_salt: user.clone().filter(|u| !u.is_empty() && u.len() <= 1024),
                 user,

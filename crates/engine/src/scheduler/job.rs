@@ -46,6 +46,9 @@ pub struct GenParams {
     pub frequency_penalty: f32,
     /// Token id and bias.
     pub logit_bias: Vec<(i32, f32)>,
+    /// Text and bias (llama-server's form): each token of the text gets the
+    /// bias; moved into `logit_bias` when the request is read.
+    pub logit_bias_text: Vec<(String, f32)>,
     /// Send the prompt before the generated text (text completions).
     pub echo: bool,
     /// Reuse the longest cached prefix of the prompt.
@@ -73,6 +76,7 @@ impl Default for GenParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             logit_bias: Vec::new(),
+            logit_bias_text: Vec::new(),
             echo: false,
             cache_prompt: true,
             cache_salt: None,
@@ -98,6 +102,7 @@ impl GenParams {
             presence_penalty: sampling.presence_penalty.unwrap_or(0.0),
             frequency_penalty: sampling.frequency_penalty.unwrap_or(0.0),
             logit_bias: sampling.logit_bias_pairs(),
+            logit_bias_text: Vec::new(),
             echo: false,
             cache_prompt: sampling.cache_prompt.unwrap_or(true),
             cache_salt: sampling.cache_salt.as_deref().map(Arc::from),

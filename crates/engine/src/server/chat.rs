@@ -133,7 +133,7 @@ pub(super) async fn prompt_tokens(
     let messages = std::mem::take(&mut chat.messages);
     let input = with_tools(plan.as_mut(), served.info.tool_format, &mut params, messages)?;
     let reader = served.reader.clone();
-    let read = state.scheduler.off_loop(move || reader.read(&input, &params)).await??;
+    let read = state.scheduler.off_loop(move || reader.read(&input, &mut { params })).await??;
     Ok(read.prompts.first().map_or(0, |(tokens, _)| tokens.len() as u32))
 }
 

@@ -55,7 +55,8 @@ pub(super) async fn run(
     let reader = served.reader.clone();
     let (read, params) = scheduler
         .off_loop(move || {
-            let read = reader.read(&input, &params);
+            let mut params = params;
+            let read = reader.read(&input, &mut params);
             (read, params)
         })
         .await

@@ -33,6 +33,7 @@ pub async fn completion(
     req.validate()?;
     let max_tokens = native.max_tokens(state.config.server.n_predict)?;
     let mut params = completion_params(&req, max_tokens)?;
+    (params.logit_bias, params.logit_bias_text) = native.logit_bias()?;
     server_seed(&state, &mut params);
     let items = req.prompt.items();
     let shape = Shape { choices: items.len() as u32 * params.n };

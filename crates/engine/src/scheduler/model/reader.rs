@@ -85,10 +85,16 @@ impl Reader {
         self.jinja.as_ref()
     }
 
-    /// The job's prompts as tokens, each checked to fit a slot, and its grammar
-    /// compiled (a 400 when it does not parse).
-    pub fn read(&self, input: &JobInput, params: &GenParams) -> Result<ReadJob, ApiError> {
+    /// The job's prompts as tokens, each checked to fit a slot, its grammar
+    /// compiled (a 400 when it does not parse), and the texts its
+    /// `logit_bias` names made tokens.
+    pub fn read(&self, input: &JobInput, params: &mut GenParams) -> Result<ReadJob, ApiError> {
         let vocab = self.model.vocab();
+        // As llama-server reads them: no BOS, special tokens as plain text.
+        for (text, bias) in std::mem::take(&mut params.logit_bias_text) {
+            let tokens = vocab.tokenize(text.as_bytes(), false, false);
+            params.logit_bias.extend(tokens.into_iter().map(|t| (t.0, bias)));
+        }
         let prompts: Vec<Read> = match input {
             JobInput::Chat(messages, tools) => {
                 let text = self.render_chat(messages, tools.as_deref())?;
