@@ -432,3 +432,59 @@ async fn completion_takes_llama_servers_logit_bias_forms() {
         "{refused}"
     );
 }
+
+/// `ignore_eos` (llama-server's and vLLM's): the model's end-of-generation
+/// tokens are banned, so an answer runs to its limit; the bans show in
+/// `generation_settings.logit_bias`, a ban's bias written as null.
+#[tokio::test]
+async fn ignore_eos_runs_to_the_limit() {
+    let engine = engine(&["--n-parallel", "1", "--ctx-len", "256"]);
+    let client = client();
+    let url = format!("{}/completion", engine.url);
+    // Pushed to end at once: Gemma's <eos> (1) and <end_of_turn> (106).
+    let body = |ignore: bool| {
+        json!({"prompt": "Once upon a time", "n_predict": 8, "temperature": 0,
+            "logit_bias": [[1, 100], [106, 100]], "ignore_eos": ignore})
+    };
+    let (_, ended) = post(&client, &url, &body(false)).await;
+    assert_eq!(
+        (ended["stop_type"].as_str(), ended["tokens_predicted"].as_u64()),
+        (Some("eos"), Some(1))
+    );
+    let (_, ran) = post(&client, &url, &body(true)).await;
+    assert_eq!(
+        (ran["stop_type"].as_str(), ran["tokens_predicted"].as_u64()),
+        (Some("limit"), Some(8))
+    );
+    let biases = ran["generation_settings"]["logit_bias"].as_array().unwrap();
+    assert!(biases.iter().any(|b| b["token"] == 1 && b["bias"].is_null()), "{biases:?}");
+    assert_eq!(ran["generation_settings"]["ignore_eos"], true);
+    // The same on OpenAI's routes.
+    let chat = json!({"model": MODEL, "max_tokens": 8, "temperature": 0, "ignore_eos": true,
+        "logit_bias": {"1": 100, "106": 100}, "messages": [{"role": "user", "content": "Hi"}]});
+    let (_, answer) = post(&client, &format!("{}/v1/chat/completions", engine.url), &chat).await;
+    assert_eq!(answer["usage"]["completion_tokens"], 8, "{answer}");
+}
+
+/// llama-server's `/v1/chat/completions/input_tokens` (and without `/v1`):
+/// the tokens the chat's prompt renders to, as its answer's usage counts them.
+#[tokio::test]
+async fn chat_input_tokens_count_the_prompt() {
+    let engine = engine(&["--n-parallel", "1", "--ctx-len", "256"]);
+    let client = client();
+    let messages = json!([{"role": "system", "content": "Book"},
+        {"role": "user", "content": "What is the best book"}]);
+    let (_, answer) = post(
+        &client,
+        &format!("{}/v1/chat/completions", engine.url),
+        &json!({"model": MODEL, "max_tokens": 1, "messages": messages}),
+    )
+    .await;
+    let prompt = &answer["usage"]["prompt_tokens"];
+    for path in ["/v1/chat/completions/input_tokens", "/chat/completions/input_tokens"] {
+        let (status, count) =
+            post(&client, &format!("{}{path}", engine.url), &json!({"messages": messages})).await;
+        assert_eq!(status, 200, "{count}");
+        assert_eq!(&count["input_tokens"], prompt, "{path}");
+    }
+}

@@ -164,6 +164,11 @@ pub struct Sampling {
     /// (`logprobs` wins when both are sent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub n_probs: Option<u32>,
+    /// Never end at the model's end-of-generation tokens: generate until a
+    /// stop string or the token limit (llama-server's and vLLM's extension,
+    /// which benchmarks send to fix answer lengths).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ignore_eos: Option<bool>,
 }
 
 impl Sampling {

@@ -89,6 +89,7 @@ fn sampling() -> impl Strategy<Value = Sampling> {
                 grammar: None,
                 json_schema: None,
                 n_probs: None,
+                ignore_eos: None,
             }
         })
 }

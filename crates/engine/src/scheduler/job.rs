@@ -46,6 +46,9 @@ pub struct GenParams {
     pub frequency_penalty: f32,
     /// Token id and bias.
     pub logit_bias: Vec<(i32, f32)>,
+    /// Never end at an end-of-generation token (they are banned by
+    /// `logit_bias` once the request is read).
+    pub ignore_eos: bool,
     /// Text and bias (llama-server's form): each token of the text gets the
     /// bias; moved into `logit_bias` when the request is read.
     pub logit_bias_text: Vec<(String, f32)>,
@@ -76,6 +79,7 @@ impl Default for GenParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             logit_bias: Vec::new(),
+            ignore_eos: false,
             logit_bias_text: Vec::new(),
             echo: false,
             cache_prompt: true,
@@ -102,6 +106,7 @@ impl GenParams {
             presence_penalty: sampling.presence_penalty.unwrap_or(0.0),
             frequency_penalty: sampling.frequency_penalty.unwrap_or(0.0),
             logit_bias: sampling.logit_bias_pairs(),
+            ignore_eos: sampling.ignore_eos.unwrap_or(false),
             logit_bias_text: Vec::new(),
             echo: false,
             cache_prompt: sampling.cache_prompt.unwrap_or(true),

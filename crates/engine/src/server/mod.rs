@@ -73,10 +73,12 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/responses", post(responses::create))
         .route("/v1/responses/input_tokens", post(responses::input_tokens))
         .route("/v1/chat/completions", post(chat::chat))
+        .route("/v1/chat/completions/input_tokens", post(tokens::chat_input_tokens))
         .route("/v1/completions", post(generate::completions))
         .route("/v1/embeddings", post(generate::embeddings))
         // llama-server's aliases, which clients written for it send.
         .route("/chat/completions", post(chat::chat))
+        .route("/chat/completions/input_tokens", post(tokens::chat_input_tokens))
         // llama-server's `/completions` is its own API, as `/completion` is.
         .route("/completions", post(native::completion))
         .route("/embeddings", post(generate::embeddings))

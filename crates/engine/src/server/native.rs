@@ -34,6 +34,8 @@ pub async fn completion(
     let max_tokens = native.max_tokens(state.config.server.n_predict)?;
     let mut params = completion_params(&req, max_tokens)?;
     (params.logit_bias, params.logit_bias_text) = native.logit_bias()?;
+    // Here, not when read, so that its settings show the biases.
+    served.reader.ban_eog(&mut params);
     server_seed(&state, &mut params);
     let items = req.prompt.items();
     let shape = Shape { choices: items.len() as u32 * params.n };
@@ -46,7 +48,11 @@ pub async fn completion(
         .collect();
     let writer = NativeChunks {
         model: req.model.clone(),
-        settings: settings(&params, max_tokens.map_or(-1, i64::from)),
+        settings: {
+            let mut settings = settings(&params, max_tokens.map_or(-1, i64::from));
+            settings["ignore_eos"] = json!(native.sampling.ignore_eos.unwrap_or(false));
+            settings
+        },
         prompts,
         samples: params.n,
         return_tokens: native.return_tokens.unwrap_or(false),
@@ -84,6 +90,10 @@ fn settings(params: &GenParams, n_predict: i64) -> Value {
         "n_predict": n_predict, "max_tokens": n_predict, "n": params.n,
         "n_probs": params.logprobs.unwrap_or(0), "cache_prompt": params.cache_prompt,
         "grammar": params.grammar.clone().unwrap_or_default(),
+        // -inf (a ban) is written as null, as llama-server writes it.
+        "logit_bias": params.logit_bias.iter()
+            .map(|&(token, bias)| json!({"token": token, "bias": bias}))
+            .collect::<Vec<_>>(),
         "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
     })
 }

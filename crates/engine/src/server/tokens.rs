@@ -1,12 +1,14 @@
-//! `/tokenize`, `/detokenize` and `/apply-template` in llama-server's shapes, so
-//! that tools written for it (token counters, prompt builders, UIs) work against
-//! this engine.
+//! `/tokenize`, `/detokenize`, `/apply-template` and
+//! `/v1/chat/completions/input_tokens` in llama-server's shapes, so that tools
+//! written for it (token counters, prompt builders, UIs) work against this
+//! engine.
 
 use axum::extract::State;
 use axum::Json;
+use serde_json::{json, Value};
 use slotgate_protocol::{
-    ApiError, ApplyTemplateRequest, ApplyTemplateResponse, DetokenizeRequest, DetokenizeResponse,
-    TokenizeRequest, TokenizeResponse,
+    ApiError, ApplyTemplateRequest, ApplyTemplateResponse, ChatCompletionRequest,
+    DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
 };
 
 use super::body::JsonBody;
@@ -52,4 +54,14 @@ pub async fn apply_template(
         VocabAnswer::Text(prompt) => Ok(Json(ApplyTemplateResponse { prompt })),
         VocabAnswer::Tokens(_) => Err(ApiError::internal().into()),
     }
+}
+
+/// `POST /v1/chat/completions/input_tokens`: the tokens of the prompt a chat
+/// request would be rendered to, tools included, as llama-server counts them.
+pub async fn chat_input_tokens(
+    State(state): State<AppState>,
+    JsonBody(req): JsonBody<ChatCompletionRequest>,
+) -> Result<Json<Value>, EngineError> {
+    let tokens = super::chat::prompt_tokens(&state, req).await?;
+    Ok(Json(json!({"input_tokens": tokens})))
 }

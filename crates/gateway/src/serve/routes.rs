@@ -41,8 +41,10 @@ use crate::serve::app::{App, AppState};
 /// endpoints.
 /// `/v1/messages` is Anthropic's Messages API and `/v1/responses` OpenAI's
 /// Responses API, which the engines serve.
-pub(crate) const FORWARDED: [(&str, &str); 16] = [
+pub(crate) const FORWARDED: [(&str, &str); 18] = [
     ("/v1/chat/completions", "/v1/chat/completions"),
+    ("/v1/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"),
+    ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"),
     ("/v1/completions", "/v1/completions"),
     ("/v1/embeddings", "/v1/embeddings"),
     ("/chat/completions", "/v1/chat/completions"),

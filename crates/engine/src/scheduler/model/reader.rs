@@ -37,6 +37,8 @@ pub struct Reader {
     /// pieces of that length cannot fit a slot, which is known before any of it
     /// is tokenized.
     longest_piece: usize,
+    /// The end-of-generation tokens, which `ignore_eos` bans.
+    eog: Vec<i32>,
 }
 
 impl std::fmt::Debug for Reader {
@@ -72,7 +74,16 @@ impl Reader {
             .max()
             .unwrap_or(1)
             .max(1);
-        Self { model, template, jinja, ctx_len: ctx_len as usize, n_vocab, longest_piece }
+        let eog = (0..n_vocab).filter(|&t| vocab.is_eog(LlamaToken(t))).collect();
+        Self { model, template, jinja, ctx_len: ctx_len as usize, n_vocab, longest_piece, eog }
+    }
+
+    /// With `ignore_eos`, bans the end-of-generation tokens by `logit_bias`
+    /// (once: the flag is then cleared), as llama-server does.
+    pub fn ban_eog(&self, params: &mut GenParams) {
+        if std::mem::take(&mut params.ignore_eos) {
+            params.logit_bias.extend(self.eog.iter().map(|&t| (t, f32::NEG_INFINITY)));
+        }
     }
 
     /// The template in use.
@@ -90,6 +101,7 @@ impl Reader {
     /// `logit_bias` names made tokens.
     pub fn read(&self, input: &JobInput, params: &mut GenParams) -> Result<ReadJob, ApiError> {
         let vocab = self.model.vocab();
+        self.ban_eog(params);
         // As llama-server reads them: no BOS, special tokens as plain text.
         for (text, bias) in std::mem::take(&mut params.logit_bias_text) {
             let tokens = vocab.tokenize(text.as_bytes(), false, false);
