@@ -62,9 +62,17 @@ def main() -> None:
     with client.messages.stream(
         model=model, max_tokens=12, messages=[{"role": "user", "content": "Count to five."}], temperature=0
     ) as stream:
-        text = "".join(stream.text_stream)
+        started = None
+        for event in stream:
+            if event.type == "message_start":
+                started = event.message.usage
         final = stream.get_final_message()
-    assert text and final.content[0].text == text, (text, final)
+    text = "".join(b.text for b in final.content if b.type == "text")
+    assert text, final
+    # message_start counts the prompt, as Anthropic's does (clients show it
+    # before the answer ends); message_delta then splits off the cached part.
+    assert started is not None and started.input_tokens == (
+        final.usage.input_tokens + final.usage.cache_read_input_tokens), (started, final.usage)
     assert final.stop_reason in ("end_turn", "max_tokens"), final
     assert final.usage.output_tokens > 0 and final.usage.input_tokens + final.usage.cache_read_input_tokens > 0, final
 

@@ -21,7 +21,7 @@ use slotgate_protocol::{
 
 use super::answer::{self, ChunkWriter, Ending, Piece, Shape};
 use super::body::JsonBody;
-use super::generate::{now, resolve_model, run, streamed};
+use super::generate::{now, resolve_model, run, streamed, PromptTokens};
 use super::AppState;
 use crate::error::EngineError;
 use crate::scheduler::{GenParams, JobInput, Served};
@@ -84,8 +84,9 @@ pub(super) async fn respond_by(
     let logprobs = params.logprobs.is_some();
     let writer = ChatChunks { id, created, model, logprobs, plan, held };
     let streamed = streamed(&state, &req.sampling);
-    let events = run(&state, &served, input, params, streamed.is_some(), headers).await?;
-    let answer = answer::respond(events, writer, shape, streamed, |writer, done| {
+    let started = run(&state, &served, input, params, streamed.is_some(), headers).await?;
+    let prompt_tokens = PromptTokens(started.prompt_tokens);
+    let answer = answer::respond(started.events, writer, shape, streamed, |writer, done| {
         let (usage, timings) = (done.usage.clone(), done.timings);
         let choices = done
             .choices()
@@ -112,7 +113,9 @@ pub(super) async fn respond_by(
         })
         .into_response()
     });
-    Ok(answer.await?)
+    let mut response = answer.await?;
+    response.extensions_mut().insert(prompt_tokens);
+    Ok(response)
 }
 
 /// The tokens of the prompt `chat` renders to, its tools included: what

@@ -39,7 +39,7 @@ pub(super) async fn run(
     mut params: GenParams,
     stream: bool,
     headers: &axum::http::HeaderMap,
-) -> Result<(Option<Event>, UnboundedReceiver<Event>), EngineError> {
+) -> Result<Started, EngineError> {
     server_seed(state, &mut params);
     let scheduler = &state.scheduler;
     check_choices(&input, &params, served.info.max_choices).map_err(EngineError::Api)?;
@@ -62,6 +62,7 @@ pub(super) async fn run(
         .await
         .map_err(EngineError::Api)?;
     let read = read.map_err(EngineError::Api)?;
+    let prompt_tokens = read.prompts.iter().map(|(tokens, _)| tokens.len() as u32).sum();
     let (job, mut rx) = Scheduler::job(served.id.clone(), read, params, replica);
     scheduler.submit(job).map_err(EngineError::Api)?;
     let keepalive = keepalive(state);
@@ -72,8 +73,21 @@ pub(super) async fn run(
         },
         None => Some(answer::first_event(&mut rx).await.map_err(EngineError::Api)?),
     };
-    Ok((first, rx))
+    Ok(Started { events: (first, rx), prompt_tokens })
 }
+
+/// A job in the scheduler's hands.
+pub(super) struct Started {
+    /// Its first event, unless a stream opened before it came, and the rest.
+    pub events: (Option<Event>, UnboundedReceiver<Event>),
+    /// The tokens of its prompts, known once they were read.
+    pub prompt_tokens: u32,
+}
+
+/// The tokens of an answer's prompt, on the answer (not sent): what another
+/// API's translation reports before the first token.
+#[derive(Debug, Clone, Copy)]
+pub struct PromptTokens(pub u32);
 
 /// Refuses a job of more choices (prompts times `n`) than the model's slots and
 /// queue hold together: it could never be admitted whole, so it is the request's
@@ -148,7 +162,7 @@ pub async fn completions(
     };
     let streamed = streamed(&state, &req.sampling);
     let job = JobInput::Prompts(items);
-    let events = run(&state, &served, job, params, streamed.is_some(), &headers).await?;
+    let events = run(&state, &served, job, params, streamed.is_some(), &headers).await?.events;
     let answer = answer::respond(events, writer, shape, streamed, |writer, done| {
         let (usage, timings) = (done.usage.clone(), done.timings);
         let choices = done

@@ -13,6 +13,7 @@ use slotgate_protocol::anthropic::{CountTokensRequest, Message, MessagesRequest,
 use slotgate_protocol::{ApiError, ChatCompletionChunk, ErrorEnvelope};
 
 use super::body::JsonBody;
+use super::generate::PromptTokens;
 use super::restream::{restream, whole, Piece};
 use super::AppState;
 use crate::error::EngineError;
@@ -34,9 +35,11 @@ pub async fn messages(
     Ok(Json(Message::from_chat(&chat)).into_response())
 }
 
-/// A streamed chat answer's chunks as Messages events, one chunk at a time.
+/// A streamed chat answer's chunks as Messages events, one chunk at a time;
+/// `message_start` counts the prompt's tokens, as Anthropic's does.
 fn translate_stream(answer: Response) -> Response {
-    let mut translator = Translator::default();
+    let prompt = answer.extensions().get::<PromptTokens>().map_or(0, |p| p.0);
+    let mut translator = Translator::with_input_tokens(prompt);
     restream(answer, String::new(), move |piece| match piece {
         Piece::Data(data) => translate_event(&mut translator, data),
         Piece::Broken => translator.error(&ApiError::internal()),

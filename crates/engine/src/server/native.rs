@@ -65,7 +65,8 @@ pub async fn completion(
     });
     let events =
         run(&state, &served, JobInput::Prompts(items), params, streamed.is_some(), &headers)
-            .await?;
+            .await?
+            .events;
     let several = shape.choices > 1;
     let answer = answer::respond(events, writer, shape, streamed, move |writer, done| {
         let mut results: Vec<Value> = done.choices().map(|c| writer.result(c)).collect();

@@ -26,6 +26,8 @@ pub struct Translator {
     usage: Usage,
     /// Whether `message_stop` (or an error) was sent.
     ended: bool,
+    /// The prompt's tokens, for `message_start`.
+    input_tokens: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,6 +43,13 @@ fn event(name: &str, data: &Value) -> String {
 }
 
 impl Translator {
+    /// A translator whose `message_start` says the prompt has `input_tokens`
+    /// (all of them: which were cached is known at the end, and
+    /// `message_delta` then counts the others as `input_tokens`).
+    pub fn with_input_tokens(input_tokens: u32) -> Self {
+        Self { input_tokens, ..Self::default() }
+    }
+
     /// The events of `chunk`.
     pub fn chunk(&mut self, chunk: &ChatCompletionChunk) -> String {
         let mut out = self.start(&chunk.id, &chunk.model);
@@ -122,8 +131,8 @@ impl Translator {
         let message = json!({
             "id": message_id(id), "type": "message", "role": "assistant", "content": [],
             "model": model, "stop_reason": null, "stop_sequence": null,
-            "usage": {"input_tokens": 0, "output_tokens": 0, "cache_read_input_tokens": 0,
-                "cache_creation_input_tokens": 0},
+            "usage": {"input_tokens": self.input_tokens, "output_tokens": 0,
+                "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0},
         });
         event("message_start", &json!({"type": "message_start", "message": message}))
             + &event("ping", &json!({"type": "ping"}))
