@@ -488,3 +488,33 @@ async fn chat_input_tokens_count_the_prompt() {
         assert_eq!(&count["input_tokens"], prompt, "{path}");
     }
 }
+
+/// llama.cpp's built-in templates by name (llama-server's `--chat-template
+/// command-r`), applied by llama.cpp; a name it does not know fails the load.
+#[tokio::test]
+async fn llama_cpp_templates_serve_by_name() {
+    let engine = engine(&["--n-parallel", "1", "--ctx-len", "256", "--chat-template", "command-r"]);
+    let client = client();
+    let messages = json!([{"role": "system", "content": "You are a test."},
+        {"role": "user", "content": "Hi there"}]);
+    let (status, applied) =
+        post(&client, &format!("{}/apply-template", engine.url), &json!({"messages": messages}))
+            .await;
+    assert_eq!(status, 200, "{applied}");
+    assert_eq!(
+        applied["prompt"],
+        "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>You are a test.<|END_OF_TURN_TOKEN|>\
+         <|START_OF_TURN_TOKEN|><|USER_TOKEN|>Hi there<|END_OF_TURN_TOKEN|>\
+         <|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>"
+    );
+    let (_, props) = get(&client, &format!("{}/props", engine.url)).await;
+    assert_eq!(props["chat_template_name"], "command-r");
+    let load = json!({"model": model_path(), "model_id": "other", "ctx_len": 256,
+        "n_parallel": 1, "chat_template": "no-such-template"});
+    let (status, refused) = post(&client, &format!("{}/v1/models/load", engine.url), &load).await;
+    assert_eq!(status, 400, "{refused}");
+    assert!(
+        refused["error"]["message"].as_str().unwrap().contains("no-such-template"),
+        "{refused}"
+    );
+}

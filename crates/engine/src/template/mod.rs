@@ -31,13 +31,19 @@ pub enum ChatTemplate {
     },
     /// The template stored in the model's GGUF, applied by llama.cpp.
     Model,
+    /// One of llama.cpp's built-in templates by its name (`command-r`,
+    /// `mistral-v7`, `phi4`...), applied by llama.cpp, as llama-server's
+    /// `--chat-template NAME` is; a name llama.cpp does not know fails the
+    /// model's load.
+    Named(String),
     /// A Jinja template (the GGUF's own, or `chat_template_file`), rendered by
     /// the model's [`jinja::JinjaTemplate`].
     Jinja,
 }
 
 impl ChatTemplate {
-    /// A template by its configured name: `gemma`, `chatml`, `llama3` or `model`.
+    /// A template by its configured name: `gemma`, `chatml`, `llama3`, `model`,
+    /// `jinja`, or a name for llama.cpp to apply.
     pub fn by_name(name: &str) -> Option<Self> {
         match name {
             "gemma" | "gemma3" => Some(Self::Gemma),
@@ -45,13 +51,29 @@ impl ChatTemplate {
             "llama3" => Some(Self::Llama3),
             "model" | "gguf" => Some(Self::Model),
             "jinja" => Some(Self::Jinja),
+            "auto" => None,
+            other => {
+                let shaped = other.len() <= 32
+                    && other.bytes().all(|b| {
+                        b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b)
+                    });
+                (shaped && !other.is_empty()).then(|| Self::Named(other.to_owned()))
+            }
+        }
+    }
+
+    /// The name llama.cpp applies it by, for [`ChatTemplate::Named`].
+    pub fn llama_name(&self) -> Option<&str> {
+        match self {
+            Self::Named(name) => Some(name),
             _ => None,
         }
     }
 
     /// Its name, as `/props` shows it.
-    pub fn name(&self) -> &'static str {
+    pub fn name(&self) -> &str {
         match self {
+            Self::Named(name) => name,
             Self::Gemma => "gemma",
             Self::ChatMl => "chatml",
             Self::Llama3 => "llama3",
@@ -62,7 +84,9 @@ impl ChatTemplate {
     }
 
     /// The names `by_name` accepts, for error messages.
-    pub const NAMES: &'static str = "auto, gemma, chatml, llama3, jinja, model";
+    pub const NAMES: &'static str =
+        "auto, gemma, chatml, llama3, jinja, model, or a template llama.cpp knows by name \
+         (command-r, mistral-v7, phi4...)";
 
     /// The template for a model that has not named one: its own (as Jinja) if its
     /// GGUF has one, else one chosen by architecture, else ChatML.
@@ -146,7 +170,7 @@ impl ChatTemplate {
                 }
                 out.push_str(ai_prompt);
             }
-            Self::Model | Self::Jinja => return None,
+            Self::Model | Self::Jinja | Self::Named(_) => return None,
         }
         Some(out)
     }

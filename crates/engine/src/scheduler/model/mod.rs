@@ -65,7 +65,7 @@ pub struct ModelInfo {
     /// Whether it has an embedding context.
     pub embedding: bool,
     /// The template in use: `gemma`, `chatml`, `llama3`, `prompts`, `jinja` or `model`.
-    pub template_name: &'static str,
+    pub template_name: String,
     /// The Jinja template in use, else the GGUF's own, else empty.
     pub chat_template: String,
     /// How the template has the model write tool calls, when it has a tool
@@ -146,7 +146,7 @@ impl ModelRuntime {
             n_parallel: settings.n_parallel,
             max_choices: settings.n_parallel.saturating_add(settings.queue_size),
             embedding: settings.embedding,
-            template_name: template.name(),
+            template_name: template.name().to_owned(),
             aliases: settings.aliases.clone(),
             meta: meta(&model, settings.ctx_len),
             tool_format: jinja

@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 
-use llama_cpp_2::model::{LlamaChatMessage, LlamaModel};
+use llama_cpp_2::model::{LlamaChatMessage, LlamaChatTemplate, LlamaModel};
 use llama_cpp_2::token::LlamaToken;
 use slotgate_protocol::{ApiError, ChatMessage, ErrorType, PromptItem, PromptPiece, Tool};
 
@@ -299,7 +299,7 @@ impl Reader {
         }
         match self.template.render(messages) {
             Some(text) => Ok(text),
-            None => apply_model_template(&self.model, messages),
+            None => apply_model_template(&self.model, self.template.llama_name(), messages),
         }
     }
 
@@ -324,9 +324,17 @@ impl Reader {
     }
 }
 
-/// Renders a conversation with the template stored in the GGUF, through llama.cpp.
-fn apply_model_template(model: &LlamaModel, messages: &[ChatMessage]) -> Result<String, ApiError> {
-    let template = model.chat_template(None).map_err(|_| ApiError::internal())?;
+/// Renders a conversation through llama.cpp, with one of its built-in
+/// templates by `name`, or else the template stored in the GGUF.
+pub(super) fn apply_model_template(
+    model: &LlamaModel,
+    name: Option<&str>,
+    messages: &[ChatMessage],
+) -> Result<String, ApiError> {
+    let template = match name {
+        Some(name) => LlamaChatTemplate::new(name).map_err(|_| ApiError::internal())?,
+        None => model.chat_template(None).map_err(|_| ApiError::internal())?,
+    };
     let chat = messages
         .iter()
         .enumerate()

@@ -26,6 +26,13 @@ pub(super) fn choose(
     {
         return Err(format!("chat_template `{}`: the GGUF has no chat template", template.name()));
     }
+    if let Some(name) = template.llama_name() {
+        // llama.cpp's answer is the only list of its names: a probe renders.
+        let probe = [slotgate_protocol::ChatMessage::new(slotgate_protocol::Role::User, "Hi")];
+        super::reader::apply_model_template(model, Some(name), &probe).map_err(|_| {
+            format!("chat_template `{name}`: not a template llama.cpp knows by name")
+        })?;
+    }
     let jinja = if template == ChatTemplate::Jinja {
         let jinja = jinja_template(model, settings, own);
         match jinja {
