@@ -43,7 +43,16 @@ async fn grammars_constrain_and_bad_ones_are_named() {
         assert!(["sunny.", "rainy."].contains(&text), "{text:?}");
         assert_eq!(answer["choices"][0]["finish_reason"], "stop");
     }
+    // llama-server's `schema` beside `json_object` shapes the object.
+    let body = completion(json!({"prompt": "The answer is", "max_tokens": 8, "temperature": 1.0,
+        "response_format": {"type": "json_object", "schema": {"const": "42"}}}));
+    let (status, answer) = post(&client, &url, &body).await;
+    assert_eq!((status, answer["choices"][0]["text"].as_str()), (200, Some("\"42\"")), "{answer}");
     let cases = [
+        (
+            json!({"response_format": {"type": "json_object", "schema": 123}}),
+            "response_format.schema",
+        ),
         (json!({"grammar": "root ::= (\"a\""}), "grammar"),
         (json!({"json_schema": {"type": "string", "format": "email"}}), "json_schema"),
         (

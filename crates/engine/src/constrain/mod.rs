@@ -18,7 +18,13 @@ pub fn grammar(
 ) -> Result<Option<String>, ApiError> {
     let format = match response_format.map(|f| f.kind.as_str()) {
         None | Some("text") => None,
-        Some("json_object") => Some(("response_format", gbnf::any_object())),
+        // llama-server's extension: a `schema` beside `json_object` shapes it.
+        Some("json_object") => match response_format.and_then(|f| f.rest.get("schema")) {
+            Some(schema) => {
+                Some(("response_format", from_schema(schema, "response_format.schema")?))
+            }
+            None => Some(("response_format", gbnf::any_object())),
+        },
         Some("json_schema") => {
             let format = response_format.expect("matched above");
             let schema =
