@@ -256,8 +256,8 @@ mod tests {
                     "slot_prompt_similarity: must be between 0 and 1",
                 ),
                 (
-                    with_model(&["--chat-template", "jinja2"]),
-                    "chat_template: unknown template `jinja2`",
+                    with_model(&["--chat-template", "Jinja 2"]),
+                    "chat_template: unknown template `Jinja 2`",
                 ),
                 (
                     with_model(&["--chat-template-file", "/nonexistent.jinja"]),

@@ -275,6 +275,16 @@ impl Builder<'_> {
 
     fn array(&mut self, map: &Map<String, Value>, path: &str) -> Result<String, SchemaError> {
         let err = |message: String| SchemaError { path: path.to_owned(), message };
+        if let Some(Value::Array(tuple)) = map.get("items") {
+            // Drafts 4 to 7's tuple: exactly these items, as llama.cpp's
+            // converter reads it, valid whatever `additionalItems` says.
+            let items = tuple
+                .iter()
+                .enumerate()
+                .map(|(i, s)| self.visit(s, &join(path, &format!("items[{i}]"))))
+                .collect::<Result<Vec<_>, _>>()?;
+            return Ok(format!("(\"[\" ws {} ws \"]\")", items.join(" ws \",\" ws ")));
+        }
         let item = match map.get("items") {
             None => "value".to_owned(),
             Some(items) => self.visit(items, &join(path, "items"))?,
@@ -444,6 +454,11 @@ mod tests {
         assert_eq!(root(json!({"type": "number", "nullable": true})), "root ::= (number | null)");
         assert_eq!(root(json!({"const": "x\"y"})), r#"root ::= "\"x\\\"y\"""#);
         assert_eq!(root(json!({})), "root ::= value");
+        // The tuple form of `items`: exactly those items, in order.
+        assert_eq!(
+            root(json!({"items": [{"type": "integer"}, {"const": "x"}]})),
+            r#"root ::= ("[" ws int ws "," ws "\"x\"" ws "]")"#
+        );
         assert_eq!(
             root(json!({"type": "string", "format": "date"})),
             r#"root ::= ("\"" date "\"")"#
