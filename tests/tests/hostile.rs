@@ -207,7 +207,9 @@ async fn refused_quickly(client: &reqwest::Client, base: &str) {
     }
 }
 
-#[tokio::test]
+// Two workers: the watcher reads the stream while this task builds and
+// sends megabytes of probes, so that the gap measured is the server's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_requests_are_refused_at_once_and_a_running_stream_keeps_its_pace() {
     let engine = engine(&["--n-parallel", "2", "--ctx-len", "512", "--threads", "1"]);
     let client = client();
@@ -234,7 +236,9 @@ async fn hostile_requests_are_refused_at_once_and_a_running_stream_keeps_its_pac
 /// grammar-bound choices, shares the scheduler thread with a running stream:
 /// the embeddings are decoded one input per step and the grammar is compiled
 /// before the job reaches the thread, so the stream keeps its pace.
-#[tokio::test]
+// Two workers: the watcher reads the stream while this task builds and
+// sends megabytes of probes, so that the gap measured is the server's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_of_embeddings_and_grammars_beside_a_stream_do_not_stall_it() {
     let args = ["--n-parallel", "4", "--ctx-len", "512", "--threads", "1", "--embedding", "true"];
     let engine = engine(&args);
@@ -267,7 +271,9 @@ async fn a_batch_of_embeddings_and_grammars_beside_a_stream_do_not_stall_it() {
     assert!(longest < Duration::from_millis(500), "the stream waited {longest:?} between tokens");
 }
 
-#[tokio::test]
+// Two workers: the watcher reads the stream while this task builds and
+// sends megabytes of probes, so that the gap measured is the server's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_requests_through_the_gateway_wedge_and_kill_nothing() {
     let args = ["--n-parallel", "2", "--ctx-len", "512", "--threads", "1"];
     let (a, b) = (engine(&args), engine(&args));
