@@ -423,6 +423,17 @@ async fn completion_takes_llama_servers_logit_bias_forms() {
     }
     let (status, refused) = post(&client, &url, &greedy(json!([["", 1]]))).await;
     assert_eq!((status, refused["error"]["param"].as_str()), (400, Some("logit_bias")));
+    // Texts that make more tokens than the sampler should go over at each step,
+    // each within the bound on a text (256 bytes).
+    let many: Vec<Value> = (0..1024)
+        .map(|i| json!([(0..25).map(|j| format!(" w{i}x{j}")).collect::<String>(), -1]))
+        .collect();
+    let (status, refused) = post(&client, &url, &greedy(json!(many))).await;
+    assert_eq!(
+        (status, refused["error"]["param"].as_str()),
+        (400, Some("logit_bias")),
+        "{refused}"
+    );
     let openai = json!({"model": MODEL, "prompt": "Hi", "max_tokens": 1,
         "logit_bias": {" the": -100}});
     let (status, refused) = post(&client, &format!("{}/v1/completions", engine.url), &openai).await;

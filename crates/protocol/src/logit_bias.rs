@@ -14,6 +14,9 @@ use crate::ApiError;
 pub const MAX_LOGIT_BIAS: usize = 1024;
 /// Bytes of a text entry at most: each is tokenized.
 pub const MAX_BIAS_TEXT: usize = 256;
+/// Tokens biased at most once the texts are tokenized: the sampler goes over
+/// each of them at every step of every choice.
+pub const MAX_BIASED_TOKENS: usize = 4096;
 
 /// A request's `logit_bias`, as sent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

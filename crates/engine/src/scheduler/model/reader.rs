@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use llama_cpp_2::model::{LlamaChatMessage, LlamaChatTemplate, LlamaModel};
 use llama_cpp_2::token::LlamaToken;
+use slotgate_protocol::logit_bias::MAX_BIASED_TOKENS;
 use slotgate_protocol::{ApiError, ChatMessage, ErrorType, PromptItem, PromptPiece, Tool};
 
 use crate::scheduler::grammar::Grammar;
@@ -69,12 +70,14 @@ impl Reader {
     ) -> Self {
         let vocab = model.vocab();
         let n_vocab = model.n_vocab();
-        let longest_piece = (0..n_vocab)
-            .map(|t| vocab.token_to_piece(LlamaToken(t), true, None).len())
-            .max()
-            .unwrap_or(1)
-            .max(1);
-        let eog = (0..n_vocab).filter(|&t| vocab.is_eog(LlamaToken(t))).collect();
+        // One pass over the vocabulary for both.
+        let (mut longest_piece, mut eog) = (1, Vec::new());
+        for token in (0..n_vocab).map(LlamaToken) {
+            longest_piece = longest_piece.max(vocab.token_to_piece(token, true, None).len());
+            if vocab.is_eog(token) {
+                eog.push(token.0);
+            }
+        }
         Self { model, template, jinja, ctx_len: ctx_len as usize, n_vocab, longest_piece, eog }
     }
 
@@ -101,12 +104,22 @@ impl Reader {
     /// `logit_bias` names made tokens.
     pub fn read(&self, input: &JobInput, params: &mut GenParams) -> Result<ReadJob, ApiError> {
         let vocab = self.model.vocab();
-        self.ban_eog(params);
         // As llama-server reads them: no BOS, special tokens as plain text.
         for (text, bias) in std::mem::take(&mut params.logit_bias_text) {
             let tokens = vocab.tokenize(text.as_bytes(), false, false);
             params.logit_bias.extend(tokens.into_iter().map(|t| (t.0, bias)));
         }
+        if params.logit_bias.len() > MAX_BIASED_TOKENS {
+            return Err(ApiError::invalid(
+                "logit_bias",
+                format!(
+                    "logit_bias biases {} tokens once its texts are tokenized; at most \
+                     {MAX_BIASED_TOKENS}",
+                    params.logit_bias.len()
+                ),
+            ));
+        }
+        self.ban_eog(params);
         let prompts: Vec<Read> = match input {
             JobInput::Chat(messages, tools) => {
                 let text = self.render_chat(messages, tools.as_deref())?;
