@@ -67,8 +67,9 @@ pub async fn props(State(state): State<AppState>, Query(q): Query<PropsQuery>) -
     };
     let info = &model.info;
     let d = crate::scheduler::GenParams::default();
+    let seed = u32::try_from(state.config.server.seed).unwrap_or(u32::MAX);
     let params = json!({
-        "seed": u32::try_from(state.config.server.seed).unwrap_or(u32::MAX), "temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p,
+        "seed": seed, "temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p,
         "min_p": d.min_p, "presence_penalty": d.presence_penalty,
         "frequency_penalty": d.frequency_penalty, "repeat_last_n": 64, "max_tokens": -1,
         "n_predict": -1, "n_probs": 0, "stream": false, "cache_prompt": d.cache_prompt,

@@ -162,16 +162,14 @@ pub async fn serve(
     let drain = Duration::from_millis(config.server.drain_timeout_ms);
     let state_limits = config.server.limits();
     let draining = CancellationToken::new();
+    crate::metrics::llama_server::TOTALS.start();
     let state = AppState {
         scheduler: scheduler.clone(),
         admin_key: config.server.admin_key()?,
         api_keys: Arc::new(config.server.api_keys()?),
         cors: Arc::new(slotgate_http::cors::Cors::new(&config.server.cors_origins, 600)),
         config: Arc::new(config),
-        metrics: {
-            crate::metrics::llama_server::TOTALS.start();
-            crate::metrics::handle()
-        },
+        metrics: crate::metrics::handle(),
         draining: draining.clone(),
         followers: Arc::default(),
         responses: Arc::default(),
