@@ -76,8 +76,15 @@ def for_slotgate(flags, model):
         args += ["--n-predict", given["--n-predict"]]
     if "--slot-save-path" in given:
         args += ["--slot-save-path", given["--slot-save-path"]]
-    # llama-server allows every origin unless told which; slotgate-engine none.
-    args += ["--cors-origins", given.get("--cors-origins", "*")]
+    # llama-server allows every origin unless told which (this machine's pages
+    # only once its tools are on); slotgate-engine none.
+    args += ["--cors-origins", given.get("--cors-origins", "localhost" if "--tools" in given else "*")]
+    # llama-server's /metrics needs --metrics; its /slots is on unless --no-slots.
+    args += ["--metrics-endpoint", "true" if "--metrics" in given else "false"]
+    if "--no-slots" in given:
+        args += ["--slots-endpoint", "false"]
+    if "--verbose" in given:
+        args += ["--verbose", "true"]
     if "--api-key" in given:
         # Off the command line: the engine reads its keys from a variable.
         os.environ["SUITE_ENGINE_API_KEY"] = given["--api-key"]

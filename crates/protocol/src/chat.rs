@@ -160,6 +160,15 @@ pub struct ChatCompletionRequest {
     /// llama-server).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parallel_tool_calls: Option<bool>,
+    /// Whether the prompt ends with the assistant's turn opened (default true;
+    /// vLLM's and llama-server's extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub add_generation_prompt: Option<bool>,
+    /// `true` (or `"content"`): the model goes on with the last message, the
+    /// assistant's, instead of writing a new one (vLLM's and llama-server's
+    /// extension). A last assistant message is continued unless this is `false`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continue_final_message: Option<Value>,
     /// Sampling and streaming settings.
     #[serde(flatten)]
     pub sampling: Sampling,
@@ -179,6 +188,8 @@ impl ChatCompletionRequest {
             tools: None,
             tool_choice: None,
             parallel_tool_calls: None,
+            add_generation_prompt: None,
+            continue_final_message: None,
             sampling: Sampling::default(),
         }
     }
@@ -252,20 +263,44 @@ pub struct ChatCompletion {
     /// stream with each choice's last chunk and the usage chunk.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timings: Option<crate::native::Timings>,
+    /// llama-server's `__verbose` (an extension, when asked for): the answer as
+    /// `/completion` gives it, with the prompt as rendered.
+    #[serde(rename = "__verbose", default, skip_serializing_if = "Option::is_none")]
+    pub verbose: Option<Value>,
 }
 
 /// What a streamed chunk adds to a choice.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 pub struct Delta {
     /// Sent once, in the first chunk of a choice.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub role: Option<Role>,
     /// New text.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub content: Option<String>,
     /// Pieces of tool calls.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub tool_calls: Option<Vec<crate::ToolCallDelta>>,
+}
+
+/// Fields that are absent are left out, except that the chunk naming the role
+/// says `"content": null` when it carries no text, as llama-server writes it
+/// (and as its clients read it: the role chunk has no text yet).
+impl Serialize for Delta {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(None)?;
+        if let Some(role) = &self.role {
+            map.serialize_entry("role", role)?;
+        }
+        if self.content.is_some() || self.role.is_some() {
+            map.serialize_entry("content", &self.content)?;
+        }
+        if let Some(calls) = &self.tool_calls {
+            map.serialize_entry("tool_calls", calls)?;
+        }
+        map.end()
+    }
 }
 
 /// One choice inside a streamed chunk.

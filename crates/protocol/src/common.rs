@@ -169,6 +169,10 @@ pub struct Sampling {
     /// which benchmarks send to fix answer lengths).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ignore_eos: Option<bool>,
+    /// llama-server's `verbose`: the answer carries `__verbose`, itself in
+    /// `/completion`'s shape with the prompt as rendered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verbose: Option<bool>,
 }
 
 impl Sampling {

@@ -26,6 +26,9 @@ pub enum ErrorType {
     /// A backend failed the request in a way that another attempt would repeat,
     /// as when it killed every engine it reached (502).
     UpstreamError,
+    /// A feature this server has switched off, such as llama-server's
+    /// `--no-slots` (501), as llama-server names it.
+    NotSupportedError,
     /// A type this crate does not know, as sent by some other server.
     #[serde(other)]
     Unknown,
@@ -43,6 +46,7 @@ impl ErrorType {
             Self::UnavailableError => 503,
             Self::ServerError | Self::Unknown => 500,
             Self::UpstreamError => 502,
+            Self::NotSupportedError => 501,
         }
     }
 }

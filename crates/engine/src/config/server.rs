@@ -115,6 +115,20 @@ pub struct ServerSettings {
     /// process totals for the dashboards written for llama-server.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub llama_server_metrics: bool,
+    /// `GET /metrics` answers (llama-server's `--metrics`); off, it is a 501.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub metrics_endpoint: bool,
+    /// `GET /slots` lists the slots (llama-server's `--slots`); off, it is a 501
+    /// (`--no-slots`). A gateway reads it for health and routing: leave it on
+    /// behind one.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub slots_endpoint: bool,
+    /// Chat and completion answers carry llama-server's `__verbose` (the answer
+    /// in `/completion`'s shape, with the prompt as rendered) unless a request
+    /// sets `verbose: false`, as llama-server's `--verbose` makes them; off, only
+    /// a request that sets `verbose: true` gets it.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub verbose: bool,
 }
 
 impl ServerSettings {

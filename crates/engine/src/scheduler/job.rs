@@ -16,9 +16,30 @@ use tokio::sync::mpsc;
 pub enum JobInput {
     /// A conversation, rendered with the model's chat template, and the tools
     /// a Jinja template with a tool section is given.
-    Chat(Vec<ChatMessage>, Option<Vec<Tool>>),
+    Chat(Vec<ChatMessage>, Option<Vec<Tool>>, Opening),
     /// Text completion prompts; choice indexes run prompt-major.
     Prompts(Vec<PromptItem>),
+}
+
+/// How a rendered conversation ends.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Opening {
+    /// With the assistant's turn opened, for the model to write it.
+    #[default]
+    Assistant,
+    /// With the assistant's turn opened and this text already in it: the model
+    /// goes on from it (a prefill, vLLM's `continue_final_message`).
+    Continue(String),
+    /// With the last message closed and nothing opened
+    /// (`add_generation_prompt: false`).
+    Closed,
+}
+
+impl Opening {
+    /// Whether the template opens the assistant's turn.
+    pub fn opens(&self) -> bool {
+        !matches!(self, Self::Closed)
+    }
 }
 
 /// How to sample, the same for every choice of a job.

@@ -141,6 +141,9 @@ pub async fn slots(
     headers: HeaderMap,
     Query(q): Query<SlotsQuery>,
 ) -> Response {
+    if !state.config.server.slots_endpoint {
+        return switched_off("this server's slot list is off (`slots_endpoint`)");
+    }
     let detail = admin_only(&state, &headers).is_ok();
     let snapshot = state.scheduler.snapshot();
     if let Some(model) = &q.model {
@@ -172,6 +175,9 @@ pub async fn slots(
 /// `Process-Start-Time-Unix` header.
 pub async fn metrics(State(state): State<AppState>) -> Response {
     let server = &state.config.server;
+    if !server.metrics_endpoint {
+        return switched_off("this server's metrics are off (`metrics_endpoint`)");
+    }
     let names = crate::metrics::Names {
         vllm: server.vllm_metrics,
         llama_server: server.llama_server_metrics,
@@ -321,4 +327,10 @@ pub async fn unload(
         }
         Err(err) => err.into_response(),
     }
+}
+
+/// The 501 of an endpoint the settings switched off, as llama-server answers
+/// `--no-slots` and a `/metrics` without `--metrics`.
+fn switched_off(message: &str) -> Response {
+    api_response(ApiError::new(ErrorType::NotSupportedError, message))
 }

@@ -22,9 +22,10 @@ use slotgate_protocol::{
 use super::answer::{self, ChunkWriter, Ending, Piece, Shape};
 use super::body::JsonBody;
 use super::generate::{now, resolve_model, run, streamed, PromptTokens};
+use super::opening;
 use super::AppState;
 use crate::error::EngineError;
-use crate::scheduler::{GenParams, JobInput, Served};
+use crate::scheduler::{GenParams, JobInput, Opening, Served};
 use crate::tools::calls::{CallPiece, CallReader};
 use crate::tools::reply::ReplyReader;
 use crate::tools::{self, CallFormat, ToolPlan};
@@ -73,49 +74,71 @@ pub(super) async fn respond_by(
         req.sampling.json_schema.as_ref(),
         req.response_format.as_ref(),
     )?;
-    let messages = std::mem::take(&mut req.messages);
+    let mut messages = std::mem::take(&mut req.messages);
+    let opening = opening::read(&req, &mut messages)?;
     // A Jinja template with a tool section is given the tools and the history as
     // they are; any other template gets the generic form.
     let native = served.info.tool_format;
-    let input = with_tools(plan.as_mut(), native, &mut params, messages)?;
+    let input = with_tools(plan.as_mut(), native, &mut params, messages, opening)?;
     let shape = Shape { choices: params.n };
     let held = Mutex::new(vec![Held::default(); shape.choices as usize]);
     let (id, created, model) = (crate::ids::next("chatcmpl"), now(), req.model);
     let logprobs = params.logprobs.is_some();
-    let writer = ChatChunks { id, created, model, logprobs, plan, held };
     let streamed = streamed(&state, &req.sampling);
-    let started = run(&state, &served, input, params, streamed.is_some(), headers).await?;
+    // llama-server's `__verbose`, on whole answers only, as there.
+    let verbose = req.sampling.verbose.unwrap_or(state.config.server.verbose) && streamed.is_none();
+    let verbose = verbose.then(|| params.clone());
+    let writer = ChatChunks { id, created, model, logprobs, plan, held };
+    let keep_prompt = verbose.is_some();
+    let started =
+        run(&state, &served, input, params, streamed.is_some(), headers, keep_prompt).await?;
     let prompt_tokens = PromptTokens(started.prompt_tokens);
+    let verbose = verbose.map(|params| (params, started.prompt.unwrap_or_default()));
     let answer = answer::respond(started.events, writer, shape, streamed, |writer, done| {
-        let (usage, timings) = (done.usage.clone(), done.timings);
-        let choices = done
-            .choices()
-            .map(|choice| {
-                let (message, reason) = message(writer.plan.as_ref(), choice.text, choice.reason);
-                ChatChoice {
-                    index: choice.index,
-                    message,
-                    logprobs: writer.logprobs.then(|| ChoiceLogprobs::new(choice.logprobs)),
-                    finish_reason: Some(reason),
-                    stop_reason: choice.stop.map(StopReason::Text),
-                }
-            })
-            .collect();
-        Json(ChatCompletion {
-            id: writer.id,
-            object: "chat.completion".into(),
-            created: writer.created,
-            model: writer.model,
-            system_fingerprint: Some(crate::SYSTEM_FINGERPRINT.into()),
-            choices,
-            usage: Some(usage),
-            timings: Some(timings),
-        })
-        .into_response()
+        whole(writer, done, verbose)
     });
     let mut response = answer.await?;
     response.extensions_mut().insert(prompt_tokens);
     Ok(response)
+}
+
+/// The whole answer, with llama-server's `__verbose` when asked for (the
+/// settings it ran with and its prompt as rendered).
+fn whole(
+    writer: ChatChunks,
+    done: answer::Collected,
+    verbose: Option<(GenParams, String)>,
+) -> Response {
+    let (usage, timings) = (done.usage.clone(), done.timings);
+    let choices: Vec<answer::Choice> = done.choices().collect();
+    let verbose = verbose.zip(choices.first()).map(|((params, prompt), first)| {
+        super::native::verbose(&writer.model, &params, prompt, first)
+    });
+    let choices = choices
+        .into_iter()
+        .map(|choice| {
+            let (message, reason) = message(writer.plan.as_ref(), choice.text, choice.reason);
+            ChatChoice {
+                index: choice.index,
+                message,
+                logprobs: writer.logprobs.then(|| ChoiceLogprobs::new(choice.logprobs)),
+                finish_reason: Some(reason),
+                stop_reason: choice.stop.map(StopReason::Text),
+            }
+        })
+        .collect();
+    Json(ChatCompletion {
+        id: writer.id,
+        object: "chat.completion".into(),
+        created: writer.created,
+        model: writer.model,
+        system_fingerprint: Some(crate::SYSTEM_FINGERPRINT.into()),
+        choices,
+        usage: Some(usage),
+        timings: Some(timings),
+        verbose,
+    })
+    .into_response()
 }
 
 /// The tokens of the prompt `chat` renders to, its tools included: what
@@ -133,8 +156,9 @@ pub(super) async fn prompt_tokens(
         chat.sampling.json_schema.as_ref(),
         chat.response_format.as_ref(),
     )?;
-    let messages = std::mem::take(&mut chat.messages);
-    let input = with_tools(plan.as_mut(), served.info.tool_format, &mut params, messages)?;
+    let mut messages = std::mem::take(&mut chat.messages);
+    let opening = opening::read(&chat, &mut messages)?;
+    let input = with_tools(plan.as_mut(), served.info.tool_format, &mut params, messages, opening)?;
     let reader = served.reader.clone();
     let read = state.scheduler.off_loop(move || reader.read(&input, &mut { params })).await??;
     Ok(read.prompts.first().map_or(0, |(tokens, _)| tokens.len() as u32))
@@ -149,9 +173,10 @@ pub(super) fn with_tools(
     native: Option<CallFormat>,
     params: &mut GenParams,
     messages: Vec<slotgate_protocol::ChatMessage>,
+    opening: Opening,
 ) -> Result<JobInput, ApiError> {
     let messages = if native.is_none() { tools::generic_history(messages) } else { messages };
-    let Some(plan) = plan else { return Ok(JobInput::Chat(messages, None)) };
+    let Some(plan) = plan else { return Ok(JobInput::Chat(messages, None, opening)) };
     if params.grammar.is_some() {
         return Err(ApiError::invalid(
             "tools",
@@ -168,13 +193,13 @@ pub(super) fn with_tools(
                     .native_grammar()
                     .and_then(|g| g.map(|g| crate::constrain::bounded(g, "tools")).transpose())?;
             }
-            Ok(JobInput::Chat(messages, Some(plan.tools.clone())))
+            Ok(JobInput::Chat(messages, Some(plan.tools.clone()), opening))
         }
         None => {
             let grammar =
                 plan.generic_grammar().and_then(|g| crate::constrain::bounded(g, "tools"))?;
             params.grammar = Some(grammar);
-            Ok(JobInput::Chat(plan.generic_messages(messages), None))
+            Ok(JobInput::Chat(plan.generic_messages(messages), None, opening))
         }
     }
 }
@@ -316,8 +341,7 @@ fn pieces(text: &str, n: usize) -> Vec<String> {
 
 impl ChunkWriter for ChatChunks {
     fn open(&self, index: u32) -> Option<String> {
-        let delta =
-            Delta { role: Some(Role::Assistant), content: Some(String::new()), tool_calls: None };
+        let delta = Delta { role: Some(Role::Assistant), content: None, tool_calls: None };
         Some(self.delta(index, delta, None))
     }
 

@@ -39,6 +39,7 @@ pub(super) async fn run(
     mut params: GenParams,
     stream: bool,
     headers: &axum::http::HeaderMap,
+    keep_prompt: bool,
 ) -> Result<Started, EngineError> {
     server_seed(state, &mut params);
     let scheduler = &state.scheduler;
@@ -63,6 +64,7 @@ pub(super) async fn run(
         .map_err(EngineError::Api)?;
     let read = read.map_err(EngineError::Api)?;
     let prompt_tokens = read.prompts.iter().map(|(tokens, _)| tokens.len() as u32).sum();
+    let prompt = keep_prompt.then(|| read.prompts.first().map(|(_, text)| text.clone()));
     let (job, mut rx) = Scheduler::job(served.id.clone(), read, params, replica);
     scheduler.submit(job).map_err(EngineError::Api)?;
     let keepalive = keepalive(state);
@@ -73,7 +75,7 @@ pub(super) async fn run(
         },
         None => Some(answer::first_event(&mut rx).await.map_err(EngineError::Api)?),
     };
-    Ok(Started { events: (first, rx), prompt_tokens })
+    Ok(Started { events: (first, rx), prompt_tokens, prompt: prompt.flatten() })
 }
 
 /// A job in the scheduler's hands.
@@ -82,6 +84,8 @@ pub(super) struct Started {
     pub events: (Option<Event>, UnboundedReceiver<Event>),
     /// The tokens of its prompts, known once they were read.
     pub prompt_tokens: u32,
+    /// Its (first) prompt as rendered, when asked for: what `__verbose` shows.
+    pub prompt: Option<String>,
 }
 
 /// The tokens of an answer's prompt, on the answer (not sent): what another
@@ -162,7 +166,8 @@ pub async fn completions(
     };
     let streamed = streamed(&state, &req.sampling);
     let job = JobInput::Prompts(items);
-    let events = run(&state, &served, job, params, streamed.is_some(), &headers).await?.events;
+    let events =
+        run(&state, &served, job, params, streamed.is_some(), &headers, false).await?.events;
     let answer = answer::respond(events, writer, shape, streamed, |writer, done| {
         let (usage, timings) = (done.usage.clone(), done.timings);
         let choices = done

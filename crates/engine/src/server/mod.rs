@@ -11,6 +11,7 @@ mod generate;
 mod keys;
 mod messages;
 mod native;
+mod opening;
 mod recorded;
 mod responses;
 mod restream;

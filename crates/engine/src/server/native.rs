@@ -64,7 +64,7 @@ pub async fn completion(
         s
     });
     let events =
-        run(&state, &served, JobInput::Prompts(items), params, streamed.is_some(), &headers)
+        run(&state, &served, JobInput::Prompts(items), params, streamed.is_some(), &headers, false)
             .await?
             .events;
     let several = shape.choices > 1;
@@ -79,6 +79,23 @@ pub async fn completion(
         }
     });
     Ok(answer.await?)
+}
+
+/// llama-server's `__verbose` of a chat answer: `choice` as `/completion`
+/// answers it, with `prompt`, the conversation as rendered.
+pub(super) fn verbose(model: &str, params: &GenParams, prompt: String, choice: &Choice) -> Value {
+    let writer = NativeChunks {
+        model: model.into(),
+        settings: settings(params, params.max_tokens.map_or(-1, i64::from)),
+        prompts: vec![prompt],
+        samples: params.n,
+        return_tokens: false,
+        logprobs: false,
+        predicted: Mutex::default(),
+    };
+    let ending =
+        Ending { reason: choice.reason, stop: choice.stop.clone(), usage: choice.usage.clone() };
+    writer.finished(choice.index, choice.text.clone(), Vec::new(), &ending)
 }
 
 /// llama-server's `generation_settings`: the settings a request ran with.

@@ -50,20 +50,21 @@ impl JinjaTemplate {
         &self.source
     }
 
-    /// The conversation as a prompt, with the opening of the assistant's turn.
-    /// A template that fails (`raise_exception` included) is a 400 that carries
-    /// its message.
+    /// The conversation as a prompt, with the opening of the assistant's turn
+    /// when `open`. A template that fails (`raise_exception` included) is a 400
+    /// that carries its message.
     pub fn render(
         &self,
         messages: &[ChatMessage],
         tools: Option<&[Tool]>,
+        open: bool,
     ) -> Result<String, ApiError> {
         let messages: Vec<Value> = messages.iter().map(message).collect();
         let tools = tools.map(|t| serde_json::to_value(t).unwrap_or(Value::Null));
         let context = json!({
             "messages": messages,
             "tools": tools,
-            "add_generation_prompt": true,
+            "add_generation_prompt": open,
             "bos_token": self.bos_token,
             "eos_token": self.eos_token,
         });

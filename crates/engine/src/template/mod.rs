@@ -102,10 +102,10 @@ impl ChatTemplate {
         }
     }
 
-    /// Renders the conversation, ending with the opening of the assistant's turn.
-    /// `None` for [`ChatTemplate::Model`] and [`ChatTemplate::Jinja`], rendered
-    /// with the model.
-    pub fn render(&self, messages: &[ChatMessage]) -> Option<String> {
+    /// Renders the conversation, ending with the opening of the assistant's turn
+    /// when `open`. `None` for [`ChatTemplate::Model`] and [`ChatTemplate::Jinja`],
+    /// rendered with the model.
+    pub fn render(&self, messages: &[ChatMessage], open: bool) -> Option<String> {
         let mut out = String::new();
         match self {
             Self::Gemma => {
@@ -135,14 +135,18 @@ impl ChatTemplate {
                     out.push_str(system.trim_end());
                     out.push_str("<end_of_turn>\n");
                 }
-                out.push_str("<start_of_turn>model\n");
+                if open {
+                    out.push_str("<start_of_turn>model\n");
+                }
             }
             Self::ChatMl => {
                 for m in messages {
                     let role = if m.role == Role::Developer { "system" } else { m.role.as_str() };
                     out.push_str(&format!("<|im_start|>{role}\n{}<|im_end|>\n", m.text()));
                 }
-                out.push_str("<|im_start|>assistant\n");
+                if open {
+                    out.push_str("<|im_start|>assistant\n");
+                }
             }
             Self::Llama3 => {
                 for m in messages {
@@ -156,7 +160,9 @@ impl ChatTemplate {
                         m.text().trim()
                     ));
                 }
-                out.push_str("<|start_header_id|>assistant<|end_header_id|>\n\n");
+                if open {
+                    out.push_str("<|start_header_id|>assistant<|end_header_id|>\n\n");
+                }
             }
             Self::Prompts { pre_prompt, user_prompt, ai_prompt } => {
                 for m in messages {
@@ -168,7 +174,9 @@ impl ChatTemplate {
                     out.push_str(prefix);
                     out.push_str(&m.text());
                 }
-                out.push_str(ai_prompt);
+                if open {
+                    out.push_str(ai_prompt);
+                }
             }
             Self::Model | Self::Jinja | Self::Named(_) => return None,
         }
@@ -192,7 +200,7 @@ mod tests {
     #[test]
     fn gemma_folds_system_into_the_first_user_turn() {
         assert_eq!(
-            ChatTemplate::Gemma.render(&convo()).unwrap(),
+            ChatTemplate::Gemma.render(&convo(), true).unwrap(),
             "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n\
              <start_of_turn>model\nHello!<end_of_turn>\n\
              <start_of_turn>user\nBye<end_of_turn>\n\
@@ -204,7 +212,7 @@ mod tests {
     fn chatml_maps_developer_to_system() {
         let msgs = [ChatMessage::new(Role::Developer, "D"), ChatMessage::new(Role::User, "U")];
         assert_eq!(
-            ChatTemplate::ChatMl.render(&msgs).unwrap(),
+            ChatTemplate::ChatMl.render(&msgs, true).unwrap(),
             "<|im_start|>system\nD<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n"
         );
     }
@@ -213,7 +221,7 @@ mod tests {
     fn llama3_headers() {
         let msgs = [ChatMessage::new(Role::User, "U")];
         assert_eq!(
-            ChatTemplate::Llama3.render(&msgs).unwrap(),
+            ChatTemplate::Llama3.render(&msgs, true).unwrap(),
             "<|start_header_id|>user<|end_header_id|>\n\nU<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
         );
     }
@@ -226,7 +234,7 @@ mod tests {
             ai_prompt: "\nASSISTANT: ".into(),
         };
         assert_eq!(
-            t.render(&convo()).unwrap(),
+            t.render(&convo(), true).unwrap(),
             "SYS: Be brief.\nUSER: Hi\nASSISTANT: Hello!\nUSER: Bye\nASSISTANT: "
         );
     }
@@ -242,7 +250,7 @@ mod tests {
     fn a_conversation_of_only_system_text_still_has_a_user_turn() {
         let msgs = [ChatMessage::new(Role::System, "S")];
         assert_eq!(
-            ChatTemplate::Gemma.render(&msgs).unwrap(),
+            ChatTemplate::Gemma.render(&msgs, true).unwrap(),
             "<start_of_turn>user\nS<end_of_turn>\n<start_of_turn>model\n"
         );
     }

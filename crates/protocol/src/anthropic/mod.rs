@@ -301,6 +301,7 @@ pub fn error(err: &ApiError) -> (u16, ErrorEnvelope) {
         ErrorType::NotFoundError => (404, "not_found_error"),
         ErrorType::RateLimitError => (429, "rate_limit_error"),
         ErrorType::UnavailableError => (529, "overloaded_error"),
+        ErrorType::NotSupportedError => (501, "api_error"),
         ErrorType::ServerError | ErrorType::UpstreamError | ErrorType::Unknown => {
             (500, "api_error")
         }

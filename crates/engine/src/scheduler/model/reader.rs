@@ -20,7 +20,7 @@ use slotgate_protocol::logit_bias::MAX_BIASED_TOKENS;
 use slotgate_protocol::{ApiError, ChatMessage, ErrorType, PromptItem, PromptPiece, Tool};
 
 use crate::scheduler::grammar::Grammar;
-use crate::scheduler::job::{GenParams, JobInput};
+use crate::scheduler::job::{GenParams, JobInput, Opening};
 use crate::template::jinja::JinjaTemplate;
 use crate::template::ChatTemplate;
 
@@ -121,8 +121,8 @@ impl Reader {
         }
         self.ban_eog(params);
         let prompts: Vec<Read> = match input {
-            JobInput::Chat(messages, tools) => {
-                let text = self.render_chat(messages, tools.as_deref())?;
+            JobInput::Chat(messages, tools, opening) => {
+                let text = self.render_chat(messages, tools.as_deref(), opening)?;
                 self.fits_bytes(text.len(), None, "messages")?;
                 vec![(vocab.tokenize(text.as_bytes(), true, true), text)]
             }
@@ -306,14 +306,22 @@ impl Reader {
         &self,
         messages: &[ChatMessage],
         tools: Option<&[Tool]>,
+        opening: &Opening,
     ) -> Result<String, ApiError> {
-        if let Some(jinja) = &self.jinja {
-            return jinja.render(messages, tools);
+        let open = opening.opens();
+        let mut text = match &self.jinja {
+            Some(jinja) => jinja.render(messages, tools, open)?,
+            None => match self.template.render(messages, open) {
+                Some(text) => text,
+                None => {
+                    apply_model_template(&self.model, self.template.llama_name(), messages, open)?
+                }
+            },
+        };
+        if let Opening::Continue(prefill) = opening {
+            text.push_str(prefill);
         }
-        match self.template.render(messages) {
-            Some(text) => Ok(text),
-            None => apply_model_template(&self.model, self.template.llama_name(), messages),
-        }
+        Ok(text)
     }
 
     /// `ids` as tokens of this model's vocabulary, or a 400 naming `param`.
@@ -343,6 +351,7 @@ pub(super) fn apply_model_template(
     model: &LlamaModel,
     name: Option<&str>,
     messages: &[ChatMessage],
+    open: bool,
 ) -> Result<String, ApiError> {
     let template = match name {
         Some(name) => LlamaChatTemplate::new(name).map_err(|_| ApiError::internal())?,
@@ -360,7 +369,7 @@ pub(super) fn apply_model_template(
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    model.apply_chat_template(&template, &chat, true).map_err(|e| {
+    model.apply_chat_template(&template, &chat, open).map_err(|e| {
         ApiError::invalid(
             "messages",
             format!("the model's chat template cannot render these messages: {e}"),

@@ -29,7 +29,7 @@ pub(super) fn choose(
     if let Some(name) = template.llama_name() {
         // llama.cpp's answer is the only list of its names: a probe renders.
         let probe = [slotgate_protocol::ChatMessage::new(slotgate_protocol::Role::User, "Hi")];
-        super::reader::apply_model_template(model, Some(name), &probe).map_err(|_| {
+        super::reader::apply_model_template(model, Some(name), &probe, true).map_err(|_| {
             format!("chat_template `{name}`: not a template llama.cpp knows by name")
         })?;
     }

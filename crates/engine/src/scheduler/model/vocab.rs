@@ -5,6 +5,7 @@
 use slotgate_protocol::{ApiError, ChatMessage, TokenOut};
 
 use super::reader::Reader;
+use crate::scheduler::job::Opening;
 
 /// What to do with the vocabulary.
 #[derive(Debug)]
@@ -66,7 +67,7 @@ impl Reader {
                 if messages.is_empty() {
                     return Err(ApiError::invalid("messages", "messages must not be empty"));
                 }
-                self.render_chat(&messages, None).map(VocabAnswer::Text)
+                self.render_chat(&messages, None, &Opening::Assistant).map(VocabAnswer::Text)
             }
         }
     }
