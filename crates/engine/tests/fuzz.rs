@@ -108,11 +108,11 @@ proptest! {
             "function": {"name": "f", "parameters": {"type": "object"}}}])).unwrap();
         for template in ["gemma", "chatml", "llama3"] {
             let template = ChatTemplate::by_name(template).unwrap();
-            timed("a built-in template", || template.render(&messages));
+            timed("a built-in template", || template.render(&messages, true));
         }
         for name in ["qwen2.5-tools.jinja", "llama3.jinja"] {
             let template = fixture(name);
-            timed("a Jinja template", || { let _ = template.render(&messages, Some(&tools)); });
+            timed("a Jinja template", || { let _ = template.render(&messages, Some(&tools), true); });
         }
     }
 }

@@ -27,7 +27,7 @@ fn qwen_style_template_writes_tools_calls_and_results() {
         {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"}
     ]))
     .unwrap();
-    let prompt = fixture("qwen2.5-tools.jinja").render(&messages, Some(&tools)).unwrap();
+    let prompt = fixture("qwen2.5-tools.jinja").render(&messages, Some(&tools), true).unwrap();
     assert_eq!(
         prompt,
         "<|im_start|>system\nBe brief.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n\
@@ -42,8 +42,9 @@ fn qwen_style_template_writes_tools_calls_and_results() {
          <|im_start|>user\n<tool_response>\nSunny\n</tool_response><|im_end|>\n\
          <|im_start|>assistant\n"
     );
-    let plain =
-        fixture("qwen2.5-tools.jinja").render(&[ChatMessage::new(Role::User, "Hi")], None).unwrap();
+    let plain = fixture("qwen2.5-tools.jinja")
+        .render(&[ChatMessage::new(Role::User, "Hi")], None, true)
+        .unwrap();
     assert_eq!(
         plain,
         "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n\
@@ -56,7 +57,7 @@ fn llama3_style_template_with_its_date_and_its_own_errors() {
     let template = fixture("llama3.jinja");
     let messages =
         [ChatMessage::new(Role::System, " Be brief. "), ChatMessage::new(Role::User, "Hi")];
-    let prompt = template.render(&messages, None).unwrap();
+    let prompt = template.render(&messages, None, true).unwrap();
     let (head, rest) = prompt.split_once("Today Date: ").unwrap();
     assert_eq!(
         head,
@@ -70,7 +71,7 @@ fn llama3_style_template_with_its_date_and_its_own_errors() {
          <|start_header_id|>assistant<|end_header_id|>\n\n"
     );
     // The template's own raise_exception is a 400 that carries its message.
-    let err = template.render(&[ChatMessage::new(Role::Developer, "x")], None).unwrap_err();
+    let err = template.render(&[ChatMessage::new(Role::Developer, "x")], None, true).unwrap_err();
     assert_eq!(err.status(), 400);
     assert!(err.message.contains("Conversation roles must be"), "{}", err.message);
 }

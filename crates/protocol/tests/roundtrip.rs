@@ -90,6 +90,7 @@ fn sampling() -> impl Strategy<Value = Sampling> {
                 json_schema: None,
                 n_probs: None,
                 ignore_eos: None,
+                verbose: None,
             }
         })
 }

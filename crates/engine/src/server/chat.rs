@@ -14,21 +14,21 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use slotgate_protocol::native::Timings;
 use slotgate_protocol::{
-    sse, ApiError, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk,
-    ChatCompletionRequest, ChoiceLogprobs, ChunkChoice, Delta, FinishReason, FunctionCallDelta,
-    Role, StopReason, TokenLogprob, ToolCall, ToolCallDelta, Usage,
+    sse, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
+    ChoiceLogprobs, ChunkChoice, Delta, FinishReason, FunctionCallDelta, Role, StopReason,
+    TokenLogprob, ToolCall, ToolCallDelta, Usage,
 };
 
 use super::answer::{self, ChunkWriter, Ending, Piece, Shape};
 use super::body::JsonBody;
+use super::chat_job::{self, ChatJob};
 use super::generate::{now, resolve_model, run, streamed, PromptTokens};
-use super::opening;
 use super::AppState;
 use crate::error::EngineError;
-use crate::scheduler::{GenParams, JobInput, Opening, Served};
+use crate::scheduler::{GenParams, Served};
 use crate::tools::calls::{CallPiece, CallReader};
 use crate::tools::reply::ReplyReader;
-use crate::tools::{self, CallFormat, ToolPlan};
+use crate::tools::{CallFormat, ToolPlan};
 
 /// Pieces a streamed call's arguments are sent in, at most.
 const ARGUMENT_PIECES: usize = 4;
@@ -61,25 +61,7 @@ pub(super) async fn respond_by(
     served: Served,
 ) -> Result<Response, EngineError> {
     let state = state.clone();
-    req.validate()?;
-    let mut plan = ToolPlan::read(&req)?;
-    let mut params = GenParams::from_sampling(&req.sampling, req.max_tokens());
-    params.logprobs = match (req.logprobs, req.sampling.n_probs) {
-        (Some(true), _) => Some(req.top_logprobs.unwrap_or(0)),
-        (None, Some(n)) if n > 0 => Some(n.min(slotgate_protocol::logprobs::MAX_TOP_LOGPROBS)),
-        _ => None,
-    };
-    params.grammar = crate::constrain::grammar(
-        req.sampling.grammar.as_deref(),
-        req.sampling.json_schema.as_ref(),
-        req.response_format.as_ref(),
-    )?;
-    let mut messages = std::mem::take(&mut req.messages);
-    let opening = opening::read(&req, &mut messages)?;
-    // A Jinja template with a tool section is given the tools and the history as
-    // they are; any other template gets the generic form.
-    let native = served.info.tool_format;
-    let input = with_tools(plan.as_mut(), native, &mut params, messages, opening)?;
+    let ChatJob { input, params, plan } = chat_job::read(&mut req, &served)?;
     let shape = Shape { choices: params.n };
     let held = Mutex::new(vec![Held::default(); shape.choices as usize]);
     let (id, created, model) = (crate::ids::next("chatcmpl"), now(), req.model);
@@ -139,69 +121,6 @@ fn whole(
         verbose,
     })
     .into_response()
-}
-
-/// The tokens of the prompt `chat` renders to, its tools included: what
-/// `count_tokens` and `input_tokens` answer.
-pub(super) async fn prompt_tokens(
-    state: &AppState,
-    mut chat: ChatCompletionRequest,
-) -> Result<u32, EngineError> {
-    let served = resolve_model(state, &mut chat.model)?;
-    chat.validate()?;
-    let mut plan = ToolPlan::read(&chat)?;
-    let mut params = GenParams::from_sampling(&chat.sampling, chat.max_tokens());
-    params.grammar = crate::constrain::grammar(
-        chat.sampling.grammar.as_deref(),
-        chat.sampling.json_schema.as_ref(),
-        chat.response_format.as_ref(),
-    )?;
-    let mut messages = std::mem::take(&mut chat.messages);
-    let opening = opening::read(&chat, &mut messages)?;
-    let input = with_tools(plan.as_mut(), served.info.tool_format, &mut params, messages, opening)?;
-    let reader = served.reader.clone();
-    let read = state.scheduler.off_loop(move || reader.read(&input, &mut { params })).await??;
-    Ok(read.prompts.first().map_or(0, |(tokens, _)| tokens.len() as u32))
-}
-
-/// The job's input with the request's tools, if it has any: given to a
-/// template with a tool section as they are (a required call constrained to
-/// its format), or else written into the messages in the generic form, whose
-/// grammar constrains the answer.
-pub(super) fn with_tools(
-    plan: Option<&mut ToolPlan>,
-    native: Option<CallFormat>,
-    params: &mut GenParams,
-    messages: Vec<slotgate_protocol::ChatMessage>,
-    opening: Opening,
-) -> Result<JobInput, ApiError> {
-    let messages = if native.is_none() { tools::generic_history(messages) } else { messages };
-    let Some(plan) = plan else { return Ok(JobInput::Chat(messages, None, opening)) };
-    if params.grammar.is_some() {
-        return Err(ApiError::invalid(
-            "tools",
-            "tools and a response format (or grammar) cannot both constrain one answer",
-        ));
-    }
-    match native {
-        Some(format) => {
-            plan.format = format;
-            // A call that may not happen is left free; one that must is
-            // constrained to the template's format.
-            if plan.required {
-                params.grammar = plan
-                    .native_grammar()
-                    .and_then(|g| g.map(|g| crate::constrain::bounded(g, "tools")).transpose())?;
-            }
-            Ok(JobInput::Chat(messages, Some(plan.tools.clone()), opening))
-        }
-        None => {
-            let grammar =
-                plan.generic_grammar().and_then(|g| crate::constrain::bounded(g, "tools"))?;
-            params.grammar = Some(grammar);
-            Ok(JobInput::Chat(plan.generic_messages(messages), None, opening))
-        }
-    }
 }
 
 /// The assistant's message from its whole text, and the finish reason: with

@@ -69,6 +69,6 @@ pub async fn count_tokens(
 ) -> Result<Json<TokensCount>, EngineError> {
     let chat = req.as_messages().to_chat()?;
     let input_tokens =
-        super::chat::prompt_tokens(&state, chat).await.map_err(|e| e.renamed(FIELD_NAMES))?;
+        super::chat_job::prompt_tokens(&state, chat).await.map_err(|e| e.renamed(FIELD_NAMES))?;
     Ok(Json(TokensCount { input_tokens }))
 }

@@ -6,6 +6,7 @@ mod admin;
 mod answer;
 mod body;
 mod chat;
+mod chat_job;
 mod events;
 mod generate;
 mod keys;

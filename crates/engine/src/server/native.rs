@@ -93,8 +93,7 @@ pub(super) fn verbose(model: &str, params: &GenParams, prompt: String, choice: &
         logprobs: false,
         predicted: Mutex::default(),
     };
-    let ending =
-        Ending { reason: choice.reason, stop: choice.stop.clone(), usage: choice.usage.clone() };
+    let ending = Ending { reason: choice.reason, stop: choice.stop.clone(), usage: choice.usage };
     writer.finished(choice.index, choice.text.clone(), Vec::new(), &ending)
 }
 

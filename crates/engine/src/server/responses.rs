@@ -143,7 +143,7 @@ pub async fn input_tokens(
     };
     let chat = req.to_chat(req.conversation(&previous)?)?;
     let tokens =
-        super::chat::prompt_tokens(&state, chat).await.map_err(|e| e.renamed(FIELD_NAMES))?;
+        super::chat_job::prompt_tokens(&state, chat).await.map_err(|e| e.renamed(FIELD_NAMES))?;
     Ok(Json(json!({"object": "response.input_tokens", "input_tokens": tokens})))
 }
 

@@ -62,6 +62,6 @@ pub async fn chat_input_tokens(
     State(state): State<AppState>,
     JsonBody(req): JsonBody<ChatCompletionRequest>,
 ) -> Result<Json<Value>, EngineError> {
-    let tokens = super::chat::prompt_tokens(&state, req).await?;
+    let tokens = super::chat_job::prompt_tokens(&state, req).await?;
     Ok(Json(json!({"input_tokens": tokens})))
 }
