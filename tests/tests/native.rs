@@ -529,3 +529,23 @@ async fn llama_cpp_templates_serve_by_name() {
         "{refused}"
     );
 }
+
+/// llama-server's `--host 127.0.0.1,::1`: one port on each address, the same
+/// routes and keys on both.
+#[tokio::test]
+async fn several_addresses_serve_on_one_port() {
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        eprintln!("skipped: this machine has no IPv6 loopback");
+        return;
+    }
+    let engine = engine(&["--host", "127.0.0.1,[::1]"]);
+    let port = engine.url.rsplit(':').next().unwrap();
+    let client = client();
+    for base in [engine.url.clone(), format!("http://[::1]:{port}")] {
+        let (status, body) = get(&client, &format!("{base}/health")).await;
+        assert_eq!(status, 200, "{base}: {body}");
+        let body = json!({"prompt": "Hello", "n_predict": 2});
+        let (status, answer) = post(&client, &format!("{base}/completion"), &body).await;
+        assert_eq!((status, answer["tokens_predicted"].as_u64()), (200, Some(2)), "{answer}");
+    }
+}

@@ -12,7 +12,8 @@ use crate::error::EngineError;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Args)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerSettings {
-    /// Address to listen on.
+    /// Address to listen on; several separated by commas (`127.0.0.1,::1`, as
+    /// llama-server's `--host` takes them), all on one port.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
     /// Port to listen on; 0 picks a free one.

@@ -133,7 +133,7 @@ async fn method_not_allowed() -> axum::response::Response {
 
 /// A running engine: the address it listens on and the task serving it.
 pub struct Running {
-    /// Where it listens.
+    /// Where it listens (the first address, where it has several).
     pub addr: SocketAddr,
     /// Its scheduler, for the watchdog.
     pub scheduler: Scheduler,
@@ -142,23 +142,44 @@ pub struct Running {
     pub task: tokio::task::JoinHandle<Result<(), EngineError>>,
 }
 
-/// Binds `host:port`, then as [`serve`].
+/// Binds each address of `host` (several are separated by commas, as
+/// llama-server takes them) on one port, then as [`serve`]. With port 0 the
+/// first address picks a free port and the others take the same.
 pub async fn start(
     config: EngineConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Running, EngineError> {
-    let listener = TcpListener::bind((config.server.host.as_str(), config.server.port)).await?;
-    serve(listener, config, shutdown).await
+    let mut listeners = Vec::new();
+    let mut port = config.server.port;
+    for host in config.server.host.split(',').map(str::trim).filter(|h| !h.is_empty()) {
+        // `[::1]`, as URLs write it, is `::1` to bind.
+        let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+        let listener = TcpListener::bind((host, port)).await?;
+        port = listener.local_addr()?.port();
+        listeners.push(listener);
+    }
+    if listeners.is_empty() {
+        let reason = "names no address to listen on".to_owned();
+        return Err(EngineError::Setting { field: "host".into(), reason });
+    }
+    serve(listeners, config, shutdown).await
 }
 
-/// Serves on `listener` (answering 503 on `/health` until the model is loaded),
-/// loads the configured model, and returns once it is ready.
+/// Serves on `listeners` (answering 503 on `/health` until the model is
+/// loaded), loads the configured model, and returns once it is ready.
 pub async fn serve(
-    listener: TcpListener,
+    listeners: Vec<TcpListener>,
     config: EngineConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Running, EngineError> {
-    let addr = listener.local_addr()?;
+    let addrs = listeners.iter().map(TcpListener::local_addr).collect::<Result<Vec<_>, _>>()?;
+    let addr = *addrs.first().ok_or_else(|| EngineError::Setting {
+        field: "host".into(),
+        reason: "names no address to listen on".into(),
+    })?;
+    for extra in &addrs[1..] {
+        tracing::info!(addr = %extra, "also listening");
+    }
     let scheduler = Scheduler::start()?;
     let settings: ModelSettings = config.model.clone();
     let drain = Duration::from_millis(config.server.drain_timeout_ms);
@@ -184,11 +205,15 @@ pub async fn serve(
     });
     let limits = state_limits;
     let task = tokio::spawn(async move {
-        let server =
-            slotgate_http::conn::serve(listener, app, limits, draining.clone().cancelled_owned());
+        // One accept loop per address, each bounded by `max_connections`.
+        let each = listeners.into_iter().map(|listener| {
+            let stop = draining.clone().cancelled_owned();
+            slotgate_http::conn::serve(listener, app.clone(), limits, stop)
+        });
+        let server = futures::future::join_all(each);
         let mut server = std::pin::pin!(server);
         tokio::select! {
-            () = &mut server => return Ok(()),
+            _ = &mut server => return Ok(()),
             () = draining.cancelled() => {}
         }
         // A stream can run for minutes; the process that sent SIGTERM (a
