@@ -94,6 +94,11 @@ pub struct ChatMessage {
     /// The call a tool message answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// An assistant message's reasoning, apart from its text (the extension
+    /// vLLM, DeepSeek and llama-server share): templates of reasoning models
+    /// write it back into the prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl ChatMessage {
@@ -105,6 +110,7 @@ impl ChatMessage {
             name: None,
             tool_calls: None,
             tool_call_id: None,
+            reasoning_content: None,
         }
     }
 

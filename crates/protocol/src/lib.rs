@@ -47,8 +47,8 @@ pub use slots::{
 };
 pub use sse::{SseDecoder, SseEvent};
 pub use tokens::{
-    ApplyTemplateRequest, ApplyTemplateResponse, DetokenizeRequest, DetokenizeResponse, TokenOut,
-    TokenizeRequest, TokenizeResponse,
+    ApplyTemplateResponse, DetokenizeRequest, DetokenizeResponse, TokenOut, TokenizeRequest,
+    TokenizeResponse,
 };
 pub use tools::{
     FunctionCall, FunctionCallDelta, FunctionDef, Tool, ToolCall, ToolCallDelta, ToolChoice,

@@ -4,7 +4,6 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::chat::ChatMessage;
 
 /// `POST /tokenize`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -79,16 +78,6 @@ pub struct DetokenizeRequest {
 pub struct DetokenizeResponse {
     /// The tokens' text, special tokens written out.
     pub content: String,
-}
-
-/// `POST /apply-template`: the prompt a conversation becomes, without generating.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ApplyTemplateRequest {
-    /// The model whose template is used; may be left out when one model serves.
-    #[serde(default)]
-    pub model: Option<String>,
-    /// The conversation.
-    pub messages: Vec<ChatMessage>,
 }
 
 /// The answer to `POST /apply-template`.

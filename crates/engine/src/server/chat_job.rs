@@ -49,13 +49,23 @@ pub(super) fn read(req: &mut ChatCompletionRequest, served: &Served) -> Result<C
 /// `count_tokens` and `input_tokens` answer.
 pub(super) async fn prompt_tokens(
     state: &AppState,
-    mut chat: ChatCompletionRequest,
+    chat: ChatCompletionRequest,
 ) -> Result<u32, EngineError> {
+    Ok(rendered(state, chat).await?.1)
+}
+
+/// The prompt `chat` renders to, its tools and its opening included, and its
+/// tokens: what `/apply-template` answers.
+pub(super) async fn rendered(
+    state: &AppState,
+    mut chat: ChatCompletionRequest,
+) -> Result<(String, u32), EngineError> {
     let served = resolve_model(state, &mut chat.model)?;
     let ChatJob { input, params, .. } = read(&mut chat, &served)?;
     let reader = served.reader.clone();
     let read = state.scheduler.off_loop(move || reader.read(&input, &mut { params })).await??;
-    Ok(read.prompts.first().map_or(0, |(tokens, _)| tokens.len() as u32))
+    let first = read.prompts.into_iter().next();
+    Ok(first.map(|(tokens, text)| (text, tokens.len() as u32)).unwrap_or_default())
 }
 
 /// The job's input with the request's tools, if it has any: given to a

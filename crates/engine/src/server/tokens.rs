@@ -7,8 +7,8 @@ use axum::extract::State;
 use axum::Json;
 use serde_json::{json, Value};
 use slotgate_protocol::{
-    ApiError, ApplyTemplateRequest, ApplyTemplateResponse, ChatCompletionRequest,
-    DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
+    ApiError, ApplyTemplateResponse, ChatCompletionRequest, DetokenizeRequest, DetokenizeResponse,
+    TokenizeRequest, TokenizeResponse,
 };
 
 use super::body::JsonBody;
@@ -44,16 +44,14 @@ pub async fn detokenize(
     }
 }
 
-/// `POST /apply-template`: the prompt the messages become, as a chat request
-/// would render them.
+/// `POST /apply-template`: the prompt a chat request renders to (its tools and
+/// how it ends included), as llama-server answers it.
 pub async fn apply_template(
     State(state): State<AppState>,
-    JsonBody(req): JsonBody<ApplyTemplateRequest>,
+    JsonBody(req): JsonBody<ChatCompletionRequest>,
 ) -> Result<Json<ApplyTemplateResponse>, EngineError> {
-    match state.scheduler.vocab(req.model, VocabOp::ApplyTemplate(req.messages)).await? {
-        VocabAnswer::Text(prompt) => Ok(Json(ApplyTemplateResponse { prompt })),
-        VocabAnswer::Tokens(_) => Err(ApiError::internal().into()),
-    }
+    let (prompt, _) = super::chat_job::rendered(&state, req).await?;
+    Ok(Json(ApplyTemplateResponse { prompt }))
 }
 
 /// `POST /v1/chat/completions/input_tokens`: the tokens of the prompt a chat

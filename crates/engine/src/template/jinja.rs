@@ -85,9 +85,18 @@ fn template_error(err: &Error) -> ApiError {
     )
 }
 
-/// A message as templates read it.
+/// A message as templates read it. A message that only calls tools has empty
+/// text rather than none: templates test its text (`'</think>' in
+/// message.content`), as llama.cpp found and works around the same way.
 fn message(m: &ChatMessage) -> Value {
-    let mut out = json!({"role": m.role.as_str(), "content": m.content.as_ref().map(|_| m.text())});
+    let content = match (&m.content, &m.tool_calls) {
+        (None, None) => Value::Null,
+        _ => Value::String(m.text()),
+    };
+    let mut out = json!({"role": m.role.as_str(), "content": content});
+    if let Some(reasoning) = &m.reasoning_content {
+        out["reasoning_content"] = json!(reasoning);
+    }
     if let Some(name) = &m.name {
         out["name"] = json!(name);
     }

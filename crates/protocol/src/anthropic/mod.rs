@@ -153,7 +153,22 @@ pub enum Block {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         is_error: Option<bool>,
     },
-    /// Any other block (images, documents, thinking): refused by name.
+    /// The model's reasoning in an earlier assistant turn, given back to it
+    /// (as `reasoning_content`, which reasoning models' templates render).
+    Thinking {
+        /// The reasoning.
+        thinking: String,
+        /// Anthropic's proof of it; not checked here.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signature: Option<String>,
+    },
+    /// Reasoning Anthropic encrypted: nothing a template can render.
+    RedactedThinking {
+        /// The encrypted reasoning.
+        #[serde(default)]
+        data: String,
+    },
+    /// Any other block (images, documents): refused by name.
     #[serde(other)]
     Other,
 }

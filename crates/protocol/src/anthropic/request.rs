@@ -27,12 +27,7 @@ impl MessagesRequest {
         if self.max_tokens == 0 {
             return Err(ApiError::invalid("max_tokens", "max_tokens must be at least 1"));
         }
-        if self.thinking.as_ref().is_some_and(|t| t["type"] == "enabled") {
-            return Err(ApiError::invalid(
-                "thinking",
-                "extended thinking is not supported by this server; leave `thinking` out",
-            ));
-        }
+        thinking(self.thinking.as_ref(), self.max_tokens)?;
         let mut messages = Vec::with_capacity(self.messages.len() + 1);
         if let Some(system) = &self.system {
             refuse_other(system, "system")?;
@@ -108,10 +103,21 @@ fn turn(
     };
     let mut text = Vec::new();
     let mut calls = Vec::new();
+    let mut reasoning = Vec::new();
     for (j, block) in blocks.iter().enumerate() {
         let at = || format!("messages.{i}.content.{j}");
         match block {
             Block::Text { text: t } => text.push(t.as_str()),
+            Block::Thinking { thinking, .. } if role == Role::Assistant => {
+                reasoning.push(thinking.as_str());
+            }
+            Block::RedactedThinking { .. } if role == Role::Assistant => {}
+            Block::Thinking { .. } | Block::RedactedThinking { .. } => {
+                return Err(ApiError::invalid(
+                    at(),
+                    "a thinking block belongs to an assistant turn",
+                ))
+            }
             Block::ToolUse { id, name, input } if role == Role::Assistant => {
                 let arguments = serde_json::to_string(input).unwrap_or_default();
                 calls.push(json!({"id": id, "type": "function",
@@ -141,7 +147,7 @@ fn turn(
             Block::Other => return Err(unsupported(&at())),
         }
     }
-    if !text.is_empty() || !calls.is_empty() {
+    if !text.is_empty() || !calls.is_empty() || !reasoning.is_empty() {
         let mut message = ChatMessage::new(role, text.join("\n"));
         if !calls.is_empty() {
             message.tool_calls = Some(Value::Array(calls));
@@ -149,11 +155,34 @@ fn turn(
                 message.content = None;
             }
         }
+        if !reasoning.is_empty() {
+            message.reasoning_content = Some(reasoning.join("\n"));
+        }
         out.push(message);
     } else if blocks.is_empty() {
         out.push(ChatMessage::new(role, String::new()));
     }
     Ok(())
+}
+
+/// Checks `thinking` as Anthropic does (`enabled` with a `budget_tokens` below
+/// `max_tokens`, `disabled` or `adaptive`). A model that does not reason apart
+/// answers without thinking blocks, as llama-server does.
+fn thinking(thinking: Option<&Value>, max_tokens: u32) -> Result<(), ApiError> {
+    let Some(thinking) = thinking else { return Ok(()) };
+    let bad = |message: String| Err(ApiError::invalid("thinking", message));
+    match thinking["type"].as_str() {
+        Some("disabled" | "adaptive") => Ok(()),
+        Some("enabled") => match thinking["budget_tokens"].as_u64() {
+            Some(budget) if budget >= 1 && budget < u64::from(max_tokens) => Ok(()),
+            Some(budget) => bad(format!(
+                "thinking.budget_tokens ({budget}) must be at least 1 and less than max_tokens \
+                 ({max_tokens})"
+            )),
+            None => bad("thinking.budget_tokens must be a whole number of tokens".into()),
+        },
+        _ => bad("thinking.type must be `enabled`, `disabled` or `adaptive`".into()),
+    }
 }
 
 /// A client tool as a chat function; server tools are refused.
@@ -255,5 +284,39 @@ mod tests {
             json!({"model": "m", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}),
         );
         assert_eq!(role.to_chat().unwrap_err().param.as_deref(), Some("messages.0.role"));
+    }
+
+    /// Thinking is accepted as Anthropic bounds it, and earlier turns' thinking
+    /// goes back to the model as their reasoning.
+    #[test]
+    fn thinking_is_bounded_and_earlier_thinking_becomes_reasoning() {
+        let with = |thinking: Value| {
+            request(json!({"model": "m", "max_tokens": 100, "thinking": thinking,
+                "messages": [{"role": "user", "content": "hi"}]}))
+            .to_chat()
+        };
+        assert!(with(json!({"type": "enabled", "budget_tokens": 50})).is_ok());
+        assert!(with(json!({"type": "disabled"})).is_ok());
+        for bad in [
+            json!({"type": "enabled"}),
+            json!({"type": "enabled", "budget_tokens": 100}),
+            json!({"type": "sometimes"}),
+        ] {
+            assert_eq!(with(bad).unwrap_err().param.as_deref(), Some("thinking"));
+        }
+        let history = request(json!({"model": "m", "max_tokens": 5, "messages": [
+            {"role": "user", "content": "Fix it"},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "Look first.", "signature": "s"},
+                {"type": "redacted_thinking", "data": "xx"},
+                {"type": "tool_use", "id": "t1", "name": "ls", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                "content": "main.py"}]}]}));
+        let chat = serde_json::to_value(history.to_chat().unwrap()).unwrap();
+        assert_eq!(chat["messages"][1]["reasoning_content"], "Look first.");
+        assert_eq!(chat["messages"][1]["tool_calls"][0]["id"], "t1");
+        let misplaced = request(json!({"model": "m", "max_tokens": 5, "messages": [
+            {"role": "user", "content": [{"type": "thinking", "thinking": "x"}]}]}));
+        assert_eq!(misplaced.to_chat().unwrap_err().param.as_deref(), Some("messages.0.content.0"));
     }
 }

@@ -2,10 +2,9 @@
 //! vocabulary and chat template, read off the scheduler thread as a request's
 //! prompt is ([`super::reader`]).
 
-use slotgate_protocol::{ApiError, ChatMessage, TokenOut};
+use slotgate_protocol::{ApiError, TokenOut};
 
 use super::reader::Reader;
-use crate::scheduler::job::Opening;
 
 /// What to do with the vocabulary.
 #[derive(Debug)]
@@ -23,8 +22,6 @@ pub enum VocabOp {
     },
     /// Tokens to text.
     Detokenize(Vec<i64>),
-    /// A conversation to the prompt it becomes.
-    ApplyTemplate(Vec<ChatMessage>),
 }
 
 /// The answer to a [`VocabOp`].
@@ -32,7 +29,7 @@ pub enum VocabOp {
 pub enum VocabAnswer {
     /// From `Tokenize`.
     Tokens(Vec<TokenOut>),
-    /// From `Detokenize` and `ApplyTemplate`.
+    /// From `Detokenize`.
     Text(String),
 }
 
@@ -62,12 +59,6 @@ impl Reader {
                     bytes.extend(vocab.token_to_piece(token, true, None));
                 }
                 Ok(VocabAnswer::Text(String::from_utf8_lossy(&bytes).into_owned()))
-            }
-            VocabOp::ApplyTemplate(messages) => {
-                if messages.is_empty() {
-                    return Err(ApiError::invalid("messages", "messages must not be empty"));
-                }
-                self.render_chat(&messages, None, &Opening::Assistant).map(VocabAnswer::Text)
             }
         }
     }
