@@ -82,3 +82,31 @@ fn a_template_that_does_not_parse_says_where() {
         .unwrap_err();
     assert!(err.contains("line 1") || err.contains("unexpected end"), "{err}");
 }
+
+/// A reasoning model's template (Qwen 3's) is given each turn's reasoning back,
+/// and a turn that only calls tools has empty text rather than none, which the
+/// template tests with `in` (and fails on none).
+#[test]
+fn reasoning_goes_back_to_the_template_and_call_only_turns_have_text() {
+    let call = |id: &str, name: &str| json!([{"id": id, "type": "function", "function": {"name": name, "arguments": "{}"}}]);
+    let messages: Vec<ChatMessage> = serde_json::from_value(json!([
+        {"role": "user", "content": "Fix the bug"},
+        {"role": "assistant", "content": null, "reasoning_content": "List the files first.",
+            "tool_calls": call("c1", "ls")},
+        {"role": "tool", "tool_call_id": "c1", "content": "main.py"},
+        {"role": "assistant", "content": null, "reasoning_content": "Now read main.py.",
+            "tool_calls": call("c2", "read")},
+        {"role": "tool", "tool_call_id": "c2", "content": "print('hi')"}
+    ]))
+    .unwrap();
+    let prompt = fixture("qwen3.jinja").render(&messages, None, true).unwrap();
+    for reasoning in
+        ["<think>\nList the files first.\n</think>", "<think>\nNow read main.py.\n</think>"]
+    {
+        assert!(prompt.contains(reasoning), "{reasoning} missing from {prompt}");
+    }
+    assert!(prompt.ends_with("<|im_start|>assistant\n"), "{prompt}");
+    // Closed: no turn opened after the last message.
+    let closed = fixture("qwen3.jinja").render(&messages, None, false).unwrap();
+    assert!(closed.ends_with("</tool_response><|im_end|>\n"), "{closed}");
+}

@@ -4,7 +4,6 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-
 /// `POST /tokenize`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TokenizeRequest {
