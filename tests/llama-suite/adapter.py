@@ -8,8 +8,7 @@ server under test instead, on the default model, so that no test downloads one.
   SUITE_TARGET=slotgate      SUITE_ENGINE=path        slotgate-engine, its flags translated
   SUITE_MODEL=path           the model either loads in place of the test's
 
-Flags slotgate-engine has no counterpart for (sampling defaults, GPU, batch
-shapes, web UI) are dropped; each test then shows what that costs."""
+Flags slotgate-engine has no counterpart for (GPU, batch shapes, web UI) are dropped; each test then shows what that costs."""
 
 import os
 import sys
@@ -70,6 +69,8 @@ def for_slotgate(flags, model):
     for name in ("--chat-template", "--chat-template-file"):
         if name in given:
             args += [name, given[name]]
+    if "--temp" in given:
+        args += ["--temperature", given["--temp"]]
     if "--seed" in given:
         args += ["--seed", given["--seed"]]
     if "--n-predict" in given:

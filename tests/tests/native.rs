@@ -549,3 +549,29 @@ async fn several_addresses_serve_on_one_port() {
         assert_eq!((status, answer["tokens_predicted"].as_u64()), (200, Some(2)), "{answer}");
     }
 }
+
+/// llama-server's `--temp`, `--top-k`, `--top-p` and `--min-p`: what a request
+/// that sends none samples with, shown in `/props`; a request's own wins.
+#[tokio::test]
+async fn sampling_defaults_are_the_engines_settings() {
+    let engine = engine(&["--temperature", "0", "--top-k", "7", "--top-p", "0.5"]);
+    let client = client();
+    let (_, props) = get(&client, &format!("{}/props", engine.url)).await;
+    let params = &props["default_generation_settings"]["params"];
+    assert_eq!((params["temperature"].as_f64(), params["top_k"].as_i64()), (Some(0.0), Some(7)));
+    assert_eq!(params["top_p"].as_f64(), Some(0.5));
+    let url = format!("{}/completion", engine.url);
+    let prompt = "The capital of France is";
+    let body = json!({"prompt": prompt, "n_predict": 12, "cache_prompt": false});
+    let (_, settled) = post(&client, &url, &body).await;
+    assert_eq!(settled["generation_settings"]["temperature"], 0.0, "{settled}");
+    assert_eq!(settled["generation_settings"]["top_k"], 7, "{settled}");
+    // Greedy: every answer the same, as an explicitly greedy one.
+    for body in [body.clone(), json!({"prompt": prompt, "n_predict": 12, "temperature": 0})] {
+        let (_, again) = post(&client, &url, &body).await;
+        assert_eq!(again["content"], settled["content"]);
+    }
+    let hot = json!({"prompt": prompt, "n_predict": 1, "temperature": 1.5, "seed": 3});
+    let (_, own) = post(&client, &url, &hot).await;
+    assert_eq!(own["generation_settings"]["temperature"], 1.5, "{own}");
+}

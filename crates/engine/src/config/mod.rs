@@ -130,14 +130,15 @@ impl EngineConfig {
 
     /// Checks every field; the error names the field and the reason.
     pub fn validate(&self) -> Result<(), EngineError> {
-        if self.server.host.is_empty() {
+        if self.server.host.split(',').all(|h| h.trim().is_empty()) {
             return Err(EngineError::Setting {
                 field: "host".into(),
-                reason: "must not be empty".into(),
+                reason: "names no address to listen on".into(),
             });
         }
         self.server.admin_key()?;
         self.server.api_keys()?;
+        self.server.sampling_defaults()?;
         slotgate_http::cors::Cors::check(&self.server.cors_origins, "cors_origins")
             .map_err(|reason| EngineError::Setting { field: "cors_origins".into(), reason })?;
         if self.server.max_body_bytes < 1024 {
@@ -272,6 +273,9 @@ mod tests {
                     "model: /nonexistent.gguf is not a readable file",
                 ),
                 (cli(&[]), "model: a model path is required"),
+                (with_model(&["--top-p", "0"]), "top_p: must be above 0 and at most 1"),
+                (with_model(&["--top-k=-1"]), "top_k: must not be negative"),
+                (with_model(&["--host", ","]), "host: names no address"),
             ];
             for (cli, want) in cases {
                 let err = EngineConfig::load(&cli).unwrap_err().to_string();

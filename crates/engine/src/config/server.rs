@@ -78,6 +78,18 @@ pub struct ServerSettings {
     /// context is full.
     #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
     pub n_predict: i64,
+    /// The temperature of requests that send none (llama-server's `--temp`).
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f32,
+    /// The `top_k` of requests that send none (llama-server's `--top-k`); 0: off.
+    #[arg(long, default_value_t = 40)]
+    pub top_k: i32,
+    /// The `top_p` of requests that send none (llama-server's `--top-p`); 1: off.
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    /// The `min_p` of requests that send none (llama-server's `--min-p`); 0: off.
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
     /// The sampler seed of requests that send none (llama-server's `--seed`);
     /// -1: a random one each.
     #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
@@ -177,6 +189,33 @@ impl ServerSettings {
             return Err(setting("api_key_env", "the variable holds no key".into()));
         }
         Ok(keys.iter().map(|k| slotgate_http::keys::digest(k.as_bytes())).collect())
+    }
+
+    /// What a request samples with where it sends nothing: `temperature`,
+    /// `top_k`, `top_p` and `min_p`; a bad one names itself.
+    pub fn sampling_defaults(&self) -> Result<crate::scheduler::GenParams, EngineError> {
+        let bad = |field: &str, reason: &str| {
+            Err(EngineError::Setting { field: field.into(), reason: reason.into() })
+        };
+        if !(0.0..=100.0).contains(&self.temperature) {
+            return bad("temperature", "must be from 0 to 100");
+        }
+        if self.top_k < 0 {
+            return bad("top_k", "must not be negative");
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad("top_p", "must be above 0 and at most 1");
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad("min_p", "must be from 0 to 1");
+        }
+        Ok(crate::scheduler::GenParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            ..Default::default()
+        })
     }
 
     /// The admin key's SHA-256, when one is configured; an unset variable is an error.

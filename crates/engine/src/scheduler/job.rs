@@ -112,9 +112,13 @@ impl Default for GenParams {
 }
 
 impl GenParams {
-    /// Reads the OpenAI sampling fields, keeping defaults for those left out.
-    pub fn from_sampling(sampling: &slotgate_protocol::Sampling, max_tokens: Option<u32>) -> Self {
-        let d = Self::default();
+    /// Reads the OpenAI sampling fields: what `sampling` asks for, `d`'s
+    /// settings (the engine's defaults) where it sends none.
+    pub fn from_sampling(
+        sampling: &slotgate_protocol::Sampling,
+        max_tokens: Option<u32>,
+        d: &Self,
+    ) -> Self {
         Self {
             max_tokens,
             stop: sampling.stop_strings(),

@@ -66,7 +66,7 @@ pub async fn props(State(state): State<AppState>, Query(q): Query<PropsQuery>) -
         Err(err) => return api_response(err),
     };
     let info = &model.info;
-    let d = crate::scheduler::GenParams::default();
+    let d = &state.sampling;
     let seed = u32::try_from(state.config.server.seed).unwrap_or(u32::MAX);
     let params = json!({
         "seed": seed, "temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p,

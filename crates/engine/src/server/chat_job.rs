@@ -22,10 +22,15 @@ pub(super) struct ChatJob {
 }
 
 /// Validates `req` and reads it for the model `served`; its messages are taken.
-pub(super) fn read(req: &mut ChatCompletionRequest, served: &Served) -> Result<ChatJob, ApiError> {
+/// `defaults` are the engine's sampling settings.
+pub(super) fn read(
+    req: &mut ChatCompletionRequest,
+    served: &Served,
+    defaults: &GenParams,
+) -> Result<ChatJob, ApiError> {
     req.validate()?;
     let mut plan = ToolPlan::read(req)?;
-    let mut params = GenParams::from_sampling(&req.sampling, req.max_tokens());
+    let mut params = GenParams::from_sampling(&req.sampling, req.max_tokens(), defaults);
     params.logprobs = match (req.logprobs, req.sampling.n_probs) {
         (Some(true), _) => Some(req.top_logprobs.unwrap_or(0)),
         (None, Some(n)) if n > 0 => Some(n.min(slotgate_protocol::logprobs::MAX_TOP_LOGPROBS)),
@@ -61,7 +66,7 @@ pub(super) async fn rendered(
     mut chat: ChatCompletionRequest,
 ) -> Result<(String, u32), EngineError> {
     let served = resolve_model(state, &mut chat.model)?;
-    let ChatJob { input, params, .. } = read(&mut chat, &served)?;
+    let ChatJob { input, params, .. } = read(&mut chat, &served, &state.sampling)?;
     let reader = served.reader.clone();
     let read = state.scheduler.off_loop(move || reader.read(&input, &mut { params })).await??;
     let first = read.prompts.into_iter().next();

@@ -155,7 +155,7 @@ pub async fn completions(
     let served = resolve_model(&state, &mut req.model)?;
     req.validate().map_err(EngineError::Api)?;
     let max_tokens = req.max_tokens.unwrap_or(COMPLETION_DEFAULT_MAX_TOKENS);
-    let params = completion_params(&req, Some(max_tokens))?;
+    let params = completion_params(&req, Some(max_tokens), &state.sampling)?;
     let items = req.prompt.items();
     let shape = Shape { choices: items.len() as u32 * params.n };
     let writer = CompletionChunks {
@@ -194,12 +194,13 @@ pub(super) fn server_seed(state: &AppState, params: &mut GenParams) {
 }
 
 /// How a text completion samples, with at most `max_tokens` per choice
-/// (`None`: until the context is full).
+/// (`None`: until the context is full), `defaults` where it sends nothing.
 pub(super) fn completion_params(
     req: &CompletionRequest,
     max_tokens: Option<u32>,
+    defaults: &GenParams,
 ) -> Result<GenParams, EngineError> {
-    let mut params = GenParams::from_sampling(&req.sampling, max_tokens);
+    let mut params = GenParams::from_sampling(&req.sampling, max_tokens, defaults);
     params.logprobs = req
         .logprobs
         .or(req.sampling.n_probs.filter(|n| *n > 0))

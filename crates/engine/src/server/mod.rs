@@ -59,6 +59,8 @@ pub struct AppState {
     pub responses: Arc<stored::Store>,
     /// Which web pages may call it from a browser.
     pub cors: Arc<slotgate_http::cors::Cors>,
+    /// How requests sample where they send nothing (llama-server's `--temp`...).
+    pub sampling: Arc<crate::scheduler::GenParams>,
 }
 
 /// The engine's routes.
@@ -191,6 +193,7 @@ pub async fn serve(
         admin_key: config.server.admin_key()?,
         api_keys: Arc::new(config.server.api_keys()?),
         cors: Arc::new(slotgate_http::cors::Cors::new(&config.server.cors_origins, 600)),
+        sampling: Arc::new(config.server.sampling_defaults()?),
         config: Arc::new(config),
         metrics: crate::metrics::handle(),
         draining: draining.clone(),

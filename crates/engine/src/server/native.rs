@@ -32,7 +32,7 @@ pub async fn completion(
     let served = resolve_model(&state, &mut req.model)?;
     req.validate()?;
     let max_tokens = native.max_tokens(state.config.server.n_predict)?;
-    let mut params = completion_params(&req, max_tokens)?;
+    let mut params = completion_params(&req, max_tokens, &state.sampling)?;
     (params.logit_bias, params.logit_bias_text) = native.logit_bias()?;
     // Here, not when read, so that its settings show the biases.
     served.reader.ban_eog(&mut params);
