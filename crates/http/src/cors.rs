@@ -2,7 +2,7 @@
 //! when the operator allows its origin. Off by default: no CORS header is ever
 //! sent. A listed origin (or, by `localhost`, any page served from this machine:
 //! `localhost`, `127.0.0.1`, `[::1]`, any port) is echoed back with credentials
-//! allowed; `*` allows any origin without credentials; an origin that is not
+//! allowed; `*` allows any origin, echoed back without credentials; an origin that is not
 //! allowed gets no CORS header, so the browser keeps the answer from the page.
 
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
@@ -115,8 +115,10 @@ impl Cors {
                     HeaderValue::from_static("true"),
                 );
             }
+            // The origin itself rather than `*`, as llama-server answers: the
+            // same permission (no credentials), and caches keep apart by `Vary`.
             Some(false) => {
-                h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
+                h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin.clone());
             }
             None => {}
         }
@@ -168,7 +170,7 @@ mod tests {
 
         let any = Cors::new(&["*".into()], 600);
         let r = any.preflight(&Method::OPTIONS, &request("https://evil.example.com")).unwrap();
-        assert_eq!(r.headers()[header::ACCESS_CONTROL_ALLOW_ORIGIN], "*");
+        assert_eq!(r.headers()[header::ACCESS_CONTROL_ALLOW_ORIGIN], "https://evil.example.com");
         assert!(
             !r.headers().contains_key(header::ACCESS_CONTROL_ALLOW_CREDENTIALS),
             "never with *"

@@ -69,7 +69,7 @@ pub struct ServerSettings {
     pub api_key_file: Option<PathBuf>,
     /// Web pages that may call the engine from a browser (CORS): origins
     /// (`https://chat.example.com`), `localhost` (this machine's pages, any
-    /// port) or `*` (any, without credentials). Default: none, and no CORS
+    /// port) or `*` (any, echoed without credentials). Default: none, and no CORS
     /// headers at all (llama-server allows every origin unless told otherwise).
     #[arg(long, value_delimiter = ',')]
     pub cors_origins: Vec<String>,
