@@ -69,6 +69,8 @@ def for_slotgate(flags, model):
     for name in ("--chat-template", "--chat-template-file"):
         if name in given:
             args += [name, given[name]]
+    if given.get("--reasoning") == "off":
+        args += ["--enable-thinking", "false"]
     if "--temp" in given:
         args += ["--temperature", given["--temp"]]
     if "--seed" in given:

@@ -112,7 +112,7 @@ proptest! {
         }
         for name in ["qwen2.5-tools.jinja", "llama3.jinja"] {
             let template = fixture(name);
-            timed("a Jinja template", || { let _ = template.render(&messages, Some(&tools), true); });
+            timed("a Jinja template", || { let _ = template.render(&messages, Some(&tools), true, &Default::default()); });
         }
     }
 }

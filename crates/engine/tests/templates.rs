@@ -27,7 +27,9 @@ fn qwen_style_template_writes_tools_calls_and_results() {
         {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"}
     ]))
     .unwrap();
-    let prompt = fixture("qwen2.5-tools.jinja").render(&messages, Some(&tools), true).unwrap();
+    let prompt = fixture("qwen2.5-tools.jinja")
+        .render(&messages, Some(&tools), true, &Default::default())
+        .unwrap();
     assert_eq!(
         prompt,
         "<|im_start|>system\nBe brief.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n\
@@ -43,7 +45,7 @@ fn qwen_style_template_writes_tools_calls_and_results() {
          <|im_start|>assistant\n"
     );
     let plain = fixture("qwen2.5-tools.jinja")
-        .render(&[ChatMessage::new(Role::User, "Hi")], None, true)
+        .render(&[ChatMessage::new(Role::User, "Hi")], None, true, &Default::default())
         .unwrap();
     assert_eq!(
         plain,
@@ -57,7 +59,7 @@ fn llama3_style_template_with_its_date_and_its_own_errors() {
     let template = fixture("llama3.jinja");
     let messages =
         [ChatMessage::new(Role::System, " Be brief. "), ChatMessage::new(Role::User, "Hi")];
-    let prompt = template.render(&messages, None, true).unwrap();
+    let prompt = template.render(&messages, None, true, &Default::default()).unwrap();
     let (head, rest) = prompt.split_once("Today Date: ").unwrap();
     assert_eq!(
         head,
@@ -71,7 +73,9 @@ fn llama3_style_template_with_its_date_and_its_own_errors() {
          <|start_header_id|>assistant<|end_header_id|>\n\n"
     );
     // The template's own raise_exception is a 400 that carries its message.
-    let err = template.render(&[ChatMessage::new(Role::Developer, "x")], None, true).unwrap_err();
+    let err = template
+        .render(&[ChatMessage::new(Role::Developer, "x")], None, true, &Default::default())
+        .unwrap_err();
     assert_eq!(err.status(), 400);
     assert!(err.message.contains("Conversation roles must be"), "{}", err.message);
 }
@@ -99,7 +103,7 @@ fn reasoning_goes_back_to_the_template_and_call_only_turns_have_text() {
         {"role": "tool", "tool_call_id": "c2", "content": "print('hi')"}
     ]))
     .unwrap();
-    let prompt = fixture("qwen3.jinja").render(&messages, None, true).unwrap();
+    let prompt = fixture("qwen3.jinja").render(&messages, None, true, &Default::default()).unwrap();
     for reasoning in
         ["<think>\nList the files first.\n</think>", "<think>\nNow read main.py.\n</think>"]
     {
@@ -107,6 +111,36 @@ fn reasoning_goes_back_to_the_template_and_call_only_turns_have_text() {
     }
     assert!(prompt.ends_with("<|im_start|>assistant\n"), "{prompt}");
     // Closed: no turn opened after the last message.
-    let closed = fixture("qwen3.jinja").render(&messages, None, false).unwrap();
+    let closed =
+        fixture("qwen3.jinja").render(&messages, None, false, &Default::default()).unwrap();
     assert!(closed.ends_with("</tool_response><|im_end|>\n"), "{closed}");
+}
+
+/// `enable_thinking` (true unless a request's `chat_template_kwargs` say) and
+/// today's date reach templates as llama.cpp gives them; a variable never
+/// replaces what the request itself says.
+#[test]
+fn template_variables_come_from_the_request_and_the_clock() {
+    let hi = [ChatMessage::new(Role::User, "Hi")];
+    let qwen3 = fixture("qwen3.jinja");
+    let default = qwen3.render(&hi, None, true, &Default::default()).unwrap();
+    assert!(default.ends_with("<|im_start|>assistant\n"), "{default}");
+    let off: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_value(json!({"enable_thinking": false})).unwrap();
+    let without = qwen3.render(&hi, None, true, &off).unwrap();
+    assert!(without.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"), "{without}");
+
+    let probe = JinjaTemplate::new(
+        "{{ date_string }}|{{ datetime }}|{{ enable_thinking }}|{{ messages|length }}|{{ custom }}"
+            .into(),
+        String::new(),
+        String::new(),
+    )
+    .unwrap();
+    let kwargs = serde_json::from_value(json!({"messages": "overridden?", "custom": 7})).unwrap();
+    let text = probe.render(&hi, None, true, &kwargs).unwrap();
+    let parts: Vec<&str> = text.split('|').collect();
+    let year = parts[0].rsplit(' ').next().unwrap().parse::<u32>().unwrap();
+    assert!(year >= 2025 && parts[1].ends_with(&year.to_string()), "{text}");
+    assert_eq!(&parts[2..], ["True", "1", "7"], "{text}");
 }

@@ -175,6 +175,10 @@ pub struct ChatCompletionRequest {
     /// extension). A last assistant message is continued unless this is `false`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub continue_final_message: Option<Value>,
+    /// More variables for the model's Jinja template, such as
+    /// `{"enable_thinking": false}` (vLLM's and llama-server's extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template_kwargs: Option<Map<String, Value>>,
     /// Sampling and streaming settings.
     #[serde(flatten)]
     pub sampling: Sampling,
@@ -196,6 +200,7 @@ impl ChatCompletionRequest {
             parallel_tool_calls: None,
             add_generation_prompt: None,
             continue_final_message: None,
+            chat_template_kwargs: None,
             sampling: Sampling::default(),
         }
     }

@@ -90,6 +90,11 @@ pub struct ServerSettings {
     /// The `min_p` of requests that send none (llama-server's `--min-p`); 0: off.
     #[arg(long, default_value_t = 0.05)]
     pub min_p: f32,
+    /// What Jinja templates get as `enable_thinking` unless a request's
+    /// `chat_template_kwargs` say (llama-server's `--reasoning off` is false):
+    /// reasoning models' templates then open their answer without thinking.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub enable_thinking: bool,
     /// The sampler seed of requests that send none (llama-server's `--seed`);
     /// -1: a random one each.
     #[arg(long, default_value_t = -1, allow_negative_numbers = true)]

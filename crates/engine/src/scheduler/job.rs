@@ -16,9 +16,19 @@ use tokio::sync::mpsc;
 pub enum JobInput {
     /// A conversation, rendered with the model's chat template, and the tools
     /// a Jinja template with a tool section is given.
-    Chat(Vec<ChatMessage>, Option<Vec<Tool>>, Opening),
+    Chat(Vec<ChatMessage>, Option<Vec<Tool>>, Render),
     /// Text completion prompts; choice indexes run prompt-major.
     Prompts(Vec<PromptItem>),
+}
+
+/// How a conversation is rendered, beside its messages and tools.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Render {
+    /// How the prompt ends.
+    pub opening: Opening,
+    /// More variables for a Jinja template (`enable_thinking`, a request's
+    /// `chat_template_kwargs`); other templates have none.
+    pub kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 /// How a rendered conversation ends.

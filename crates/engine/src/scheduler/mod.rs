@@ -25,7 +25,7 @@ use slotgate_protocol::ApiError;
 use tokio::sync::{mpsc, oneshot};
 
 pub use embed::Embedded;
-pub use job::{ChoiceIndex, ChoiceUsage, Event, GenParams, Job, JobInput, Opening};
+pub use job::{ChoiceIndex, ChoiceUsage, Event, GenParams, Job, JobInput, Opening, Render};
 pub use model::{ModelSnapshot, Reader, VocabAnswer, VocabOp};
 
 use crate::config::ModelSettings;

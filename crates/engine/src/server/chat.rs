@@ -61,7 +61,7 @@ pub(super) async fn respond_by(
     served: Served,
 ) -> Result<Response, EngineError> {
     let state = state.clone();
-    let ChatJob { input, params, plan } = chat_job::read(&mut req, &served, &state.sampling)?;
+    let ChatJob { input, params, plan } = chat_job::read(&mut req, &served, &state)?;
     let shape = Shape { choices: params.n };
     let held = Mutex::new(vec![Held::default(); shape.choices as usize]);
     let (id, created, model) = (crate::ids::next("chatcmpl"), now(), req.model);

@@ -8,7 +8,7 @@ use super::generate::resolve_model;
 use super::opening;
 use super::AppState;
 use crate::error::EngineError;
-use crate::scheduler::{GenParams, JobInput, Opening, Served};
+use crate::scheduler::{GenParams, JobInput, Render, Served};
 use crate::tools::{self, CallFormat, ToolPlan};
 
 /// A chat request read, ready for the scheduler.
@@ -22,15 +22,15 @@ pub(super) struct ChatJob {
 }
 
 /// Validates `req` and reads it for the model `served`; its messages are taken.
-/// `defaults` are the engine's sampling settings.
+/// The engine's settings (`state`) fill in what it leaves out.
 pub(super) fn read(
     req: &mut ChatCompletionRequest,
     served: &Served,
-    defaults: &GenParams,
+    state: &AppState,
 ) -> Result<ChatJob, ApiError> {
     req.validate()?;
     let mut plan = ToolPlan::read(req)?;
-    let mut params = GenParams::from_sampling(&req.sampling, req.max_tokens(), defaults);
+    let mut params = GenParams::from_sampling(&req.sampling, req.max_tokens(), &state.sampling);
     params.logprobs = match (req.logprobs, req.sampling.n_probs) {
         (Some(true), _) => Some(req.top_logprobs.unwrap_or(0)),
         (None, Some(n)) if n > 0 => Some(n.min(slotgate_protocol::logprobs::MAX_TOP_LOGPROBS)),
@@ -42,11 +42,14 @@ pub(super) fn read(
         req.response_format.as_ref(),
     )?;
     let mut messages = std::mem::take(&mut req.messages);
-    let opening = opening::read(req, &mut messages)?;
+    let mut kwargs = serde_json::Map::new();
+    kwargs.insert("enable_thinking".into(), state.config.server.enable_thinking.into());
+    kwargs.extend(req.chat_template_kwargs.take().unwrap_or_default());
+    let render = Render { opening: opening::read(req, &mut messages)?, kwargs };
     // A Jinja template with a tool section is given the tools and the history as
     // they are; any other template gets the generic form.
     let native = served.info.tool_format;
-    let input = with_tools(plan.as_mut(), native, &mut params, messages, opening)?;
+    let input = with_tools(plan.as_mut(), native, &mut params, messages, render)?;
     Ok(ChatJob { input, params, plan })
 }
 
@@ -66,7 +69,7 @@ pub(super) async fn rendered(
     mut chat: ChatCompletionRequest,
 ) -> Result<(String, u32), EngineError> {
     let served = resolve_model(state, &mut chat.model)?;
-    let ChatJob { input, params, .. } = read(&mut chat, &served, &state.sampling)?;
+    let ChatJob { input, params, .. } = read(&mut chat, &served, state)?;
     let reader = served.reader.clone();
     let read = state.scheduler.off_loop(move || reader.read(&input, &mut { params })).await??;
     let first = read.prompts.into_iter().next();
@@ -82,10 +85,10 @@ fn with_tools(
     native: Option<CallFormat>,
     params: &mut GenParams,
     messages: Vec<slotgate_protocol::ChatMessage>,
-    opening: Opening,
+    render: Render,
 ) -> Result<JobInput, ApiError> {
     let messages = if native.is_none() { tools::generic_history(messages) } else { messages };
-    let Some(plan) = plan else { return Ok(JobInput::Chat(messages, None, opening)) };
+    let Some(plan) = plan else { return Ok(JobInput::Chat(messages, None, render)) };
     if params.grammar.is_some() {
         return Err(ApiError::invalid(
             "tools",
@@ -102,13 +105,13 @@ fn with_tools(
                     .native_grammar()
                     .and_then(|g| g.map(|g| crate::constrain::bounded(g, "tools")).transpose())?;
             }
-            Ok(JobInput::Chat(messages, Some(plan.tools.clone()), opening))
+            Ok(JobInput::Chat(messages, Some(plan.tools.clone()), render))
         }
         None => {
             let grammar =
                 plan.generic_grammar().and_then(|g| crate::constrain::bounded(g, "tools"))?;
             params.grammar = Some(grammar);
-            Ok(JobInput::Chat(plan.generic_messages(messages), None, opening))
+            Ok(JobInput::Chat(plan.generic_messages(messages), None, render))
         }
     }
 }

@@ -51,23 +51,34 @@ impl JinjaTemplate {
     }
 
     /// The conversation as a prompt, with the opening of the assistant's turn
-    /// when `open`. A template that fails (`raise_exception` included) is a 400
-    /// that carries its message.
+    /// when `open`, and `kwargs` as more variables. Templates also get
+    /// `enable_thinking` (true unless `kwargs` say) and today's date as
+    /// `date_string` and `datetime`, as llama.cpp gives them. A template that
+    /// fails (`raise_exception` included) is a 400 that carries its message.
     pub fn render(
         &self,
         messages: &[ChatMessage],
         tools: Option<&[Tool]>,
         open: bool,
+        kwargs: &serde_json::Map<String, Value>,
     ) -> Result<String, ApiError> {
         let messages: Vec<Value> = messages.iter().map(message).collect();
         let tools = tools.map(|t| serde_json::to_value(t).unwrap_or(Value::Null));
-        let context = json!({
-            "messages": messages,
-            "tools": tools,
-            "add_generation_prompt": open,
-            "bos_token": self.bos_token,
-            "eos_token": self.eos_token,
+        let now = now_secs();
+        let mut context = json!({
+            "enable_thinking": true,
+            "date_string": strftime("%d %b %Y", now).unwrap_or_default(),
+            "datetime": strftime("%b %d %Y", now).unwrap_or_default(),
         });
+        if let Value::Object(context) = &mut context {
+            context.extend(kwargs.iter().map(|(k, v)| (k.clone(), v.clone())));
+            // What the request itself says, never a variable's.
+            context.insert("messages".into(), Value::Array(messages));
+            context.insert("tools".into(), tools.unwrap_or(Value::Null));
+            context.insert("add_generation_prompt".into(), Value::Bool(open));
+            context.insert("bos_token".into(), json!(self.bos_token));
+            context.insert("eos_token".into(), json!(self.eos_token));
+        }
         let template = self.env.get_template("chat").map_err(|e| template_error(&e))?;
         template.render(JinjaValue::from_serialize(&context)).map_err(|e| template_error(&e))
     }

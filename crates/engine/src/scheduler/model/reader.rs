@@ -20,7 +20,7 @@ use slotgate_protocol::logit_bias::MAX_BIASED_TOKENS;
 use slotgate_protocol::{ApiError, ChatMessage, ErrorType, PromptItem, PromptPiece, Tool};
 
 use crate::scheduler::grammar::Grammar;
-use crate::scheduler::job::{GenParams, JobInput, Opening};
+use crate::scheduler::job::{GenParams, JobInput, Opening, Render};
 use crate::template::jinja::JinjaTemplate;
 use crate::template::ChatTemplate;
 
@@ -121,8 +121,8 @@ impl Reader {
         }
         self.ban_eog(params);
         let prompts: Vec<Read> = match input {
-            JobInput::Chat(messages, tools, opening) => {
-                let text = self.render_chat(messages, tools.as_deref(), opening)?;
+            JobInput::Chat(messages, tools, render) => {
+                let text = self.render_chat(messages, tools.as_deref(), render)?;
                 self.fits_bytes(text.len(), None, "messages")?;
                 vec![(vocab.tokenize(text.as_bytes(), true, true), text)]
             }
@@ -306,11 +306,11 @@ impl Reader {
         &self,
         messages: &[ChatMessage],
         tools: Option<&[Tool]>,
-        opening: &Opening,
+        render: &Render,
     ) -> Result<String, ApiError> {
-        let open = opening.opens();
+        let open = render.opening.opens();
         let mut text = match &self.jinja {
-            Some(jinja) => jinja.render(messages, tools, open)?,
+            Some(jinja) => jinja.render(messages, tools, open, &render.kwargs)?,
             None => match self.template.render(messages, open) {
                 Some(text) => text,
                 None => {
@@ -318,7 +318,7 @@ impl Reader {
                 }
             },
         };
-        if let Opening::Continue(prefill) = opening {
+        if let Opening::Continue(prefill) = &render.opening {
             text.push_str(prefill);
         }
         Ok(text)
