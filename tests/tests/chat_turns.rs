@@ -98,3 +98,36 @@ async fn slots_and_metrics_can_be_switched_off() {
     let text = metrics(&client, &on.url).await;
     assert!(text.contains("slotgate_engine_"), "{text}");
 }
+
+/// A template file that does not parse is refused at start, naming why: the
+/// default model has no template of its own to fall back on, and a chat must
+/// never find that out as a 500.
+#[test]
+fn a_template_file_that_does_not_parse_fails_the_start() {
+    let bad = TempFile::new("bad.jinja", "{% for m in messages %}{{ m.content }");
+    let model = model_path();
+    let mut child = std::process::Command::new(binary("slotgate-engine"))
+        .args(["--model", model.to_str().unwrap(), "--port", "0", "--threads", "2"])
+        .args(["--chat-template-file", bad.path.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run the engine");
+    // Bounded: an engine that started anyway is stopped and fails the test.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the engine started with a template that does not parse");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(!status.success());
+    let mut said = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut said).unwrap();
+    assert!(said.contains("does not parse as Jinja"), "{said}");
+}

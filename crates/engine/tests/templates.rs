@@ -144,3 +144,15 @@ fn template_variables_come_from_the_request_and_the_clock() {
     assert!(year >= 2025 && parts[1].ends_with(&year.to_string()), "{text}");
     assert_eq!(&parts[2..], ["True", "1", "7"], "{text}");
 }
+
+/// What templates in the wild write: `tojson(indent=4)` (Llama 3's) and
+/// `{% break %}` (Command R7B's).
+#[test]
+fn keyword_indent_and_loop_controls_render() {
+    let source = "{{ x | tojson(indent=2) }}|{% for i in [1, 2, 3] %}{% if i == 2 %}{% break %}\
+                  {% endif %}{{ i }}{% endfor %}|{{ x | tojson(2) }}";
+    let template = JinjaTemplate::new(source.into(), String::new(), String::new()).unwrap();
+    let kwargs = serde_json::from_value(json!({"x": {"a": 1}})).unwrap();
+    let text = template.render(&[ChatMessage::new(Role::User, "Hi")], None, true, &kwargs).unwrap();
+    assert_eq!(text, "{\n  \"a\": 1\n}|1|{\n  \"a\": 1\n}");
+}

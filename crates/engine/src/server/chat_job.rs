@@ -57,23 +57,29 @@ pub(super) fn read(
 /// `count_tokens` and `input_tokens` answer.
 pub(super) async fn prompt_tokens(
     state: &AppState,
-    chat: ChatCompletionRequest,
-) -> Result<u32, EngineError> {
-    Ok(rendered(state, chat).await?.1)
-}
-
-/// The prompt `chat` renders to, its tools and its opening included, and its
-/// tokens: what `/apply-template` answers.
-pub(super) async fn rendered(
-    state: &AppState,
     mut chat: ChatCompletionRequest,
-) -> Result<(String, u32), EngineError> {
+) -> Result<u32, EngineError> {
     let served = resolve_model(state, &mut chat.model)?;
     let ChatJob { input, params, .. } = read(&mut chat, &served, state)?;
     let reader = served.reader.clone();
     let read = state.scheduler.off_loop(move || reader.read(&input, &mut { params })).await??;
-    let first = read.prompts.into_iter().next();
-    Ok(first.map(|(tokens, text)| (text, tokens.len() as u32)).unwrap_or_default())
+    Ok(read.prompts.first().map_or(0, |(tokens, _)| tokens.len() as u32))
+}
+
+/// The prompt `chat` renders to, its tools and its opening included, whether
+/// or not it fits the context: what `/apply-template` answers.
+pub(super) async fn rendered(
+    state: &AppState,
+    mut chat: ChatCompletionRequest,
+) -> Result<String, EngineError> {
+    let served = resolve_model(state, &mut chat.model)?;
+    let ChatJob { input, .. } = read(&mut chat, &served, state)?;
+    let JobInput::Chat(messages, tools, render) = input else {
+        return Err(ApiError::internal().into());
+    };
+    let reader = served.reader.clone();
+    let render = move || reader.render_chat(&messages, tools.as_deref(), &render);
+    Ok(state.scheduler.off_loop(render).await??)
 }
 
 /// The job's input with the request's tools, if it has any: given to a

@@ -50,7 +50,7 @@ pub async fn apply_template(
     State(state): State<AppState>,
     JsonBody(req): JsonBody<ChatCompletionRequest>,
 ) -> Result<Json<ApplyTemplateResponse>, EngineError> {
-    let (prompt, _) = super::chat_job::rendered(&state, req).await?;
+    let prompt = super::chat_job::rendered(&state, req).await?;
     Ok(Json(ApplyTemplateResponse { prompt }))
 }
 

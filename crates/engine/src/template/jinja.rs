@@ -11,6 +11,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use minijinja::value::Kwargs;
 use minijinja::{Environment, Error, ErrorKind, Value as JinjaValue};
 use serde_json::{json, Value};
 use slotgate_protocol::{ApiError, ChatMessage, Tool};
@@ -135,7 +136,13 @@ fn message(m: &ChatMessage) -> Value {
 
 /// `tojson` as Python's `json.dumps` writes: `", "` and `": "` between items, or
 /// with `indent`, one item per line.
-fn tojson(value: JinjaValue, indent: Option<usize>) -> Result<String, Error> {
+fn tojson(value: JinjaValue, indent: Option<usize>, kwargs: Kwargs) -> Result<String, Error> {
+    // `tojson(4)` or, as Llama 3's templates write it, `tojson(indent=4)`.
+    let indent = match indent {
+        Some(indent) => Some(indent),
+        None => kwargs.get::<Option<usize>>("indent")?,
+    };
+    kwargs.assert_all_used()?;
     let value: Value = serde_json::to_value(&value)
         .map_err(|e| Error::new(ErrorKind::BadSerialization, e.to_string()))?;
     let mut out = String::new();

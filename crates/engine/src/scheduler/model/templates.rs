@@ -37,7 +37,15 @@ pub(super) fn choose(
         let jinja = jinja_template(model, settings, own);
         match jinja {
             Ok(jinja) => Some(jinja),
-            Err(reason) if settings.chat_template.as_str() != "auto" => return Err(reason),
+            // A file asked for, or a GGUF without a template of its own for
+            // llama.cpp to fall back on: nothing else could render its chats.
+            Err(reason)
+                if settings.chat_template.as_str() != "auto"
+                    || settings.chat_template_file.is_some()
+                    || own.is_none() =>
+            {
+                return Err(reason)
+            }
             Err(reason) => {
                 // `auto` does not refuse a model whose template minijinja cannot
                 // read: llama.cpp's detection renders it instead, without tools.
