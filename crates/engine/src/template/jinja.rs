@@ -257,15 +257,19 @@ fn civil(days: i64) -> (i64, u32, u32) {
 mod tests {
     use super::*;
 
+    fn no_kwargs() -> Kwargs {
+        Kwargs::from_iter(std::iter::empty::<(&str, JinjaValue)>())
+    }
+
     #[test]
     fn dates_and_json_as_python_writes_them() {
         assert_eq!(strftime("%d %b %Y", 1_796_400_000).unwrap(), "04 Dec 2026");
         assert_eq!(strftime("%Y-%m-%d %H:%M:%S %B", 0).unwrap(), "1970-01-01 00:00:00 January");
         assert!(strftime("%j", 0).is_err());
         let v = JinjaValue::from_serialize(json!({"a": [1, "<b>"], "c": {}}));
-        assert_eq!(tojson(v.clone(), None).unwrap(), r#"{"a": [1, "<b>"], "c": {}}"#);
+        assert_eq!(tojson(v.clone(), None, no_kwargs()).unwrap(), r#"{"a": [1, "<b>"], "c": {}}"#);
         assert_eq!(
-            tojson(v, Some(2)).unwrap(),
+            tojson(v, Some(2), no_kwargs()).unwrap(),
             "{\n  \"a\": [\n    1,\n    \"<b>\"\n  ],\n  \"c\": {}\n}"
         );
     }
