@@ -7,6 +7,7 @@ mod answer;
 mod body;
 mod chat;
 mod chat_job;
+mod collected;
 mod events;
 mod generate;
 mod keys;
