@@ -62,6 +62,8 @@ def for_slotgate(flags, model):
         args += ["--ctx-len", str(max(64, int(given["--ctx-size"]) // slots))]
     if "--alias" in given:
         args += ["--model-id", given["--alias"]]
+    if "--batch-size" in given:
+        args += ["--batch-size", given["--batch-size"]]
     if "--threads" in given:
         args += ["--threads", given["--threads"]]
     if "--embedding" in given:

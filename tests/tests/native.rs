@@ -575,3 +575,37 @@ async fn sampling_defaults_are_the_engines_settings() {
     let (_, own) = post(&client, &url, &hot).await;
     assert_eq!(own["generation_settings"]["temperature"], 1.5, "{own}");
 }
+
+/// llama-server's `return_progress`: a `/completion` stream reports how far its
+/// prompt has been read, from nothing (before any token is decoded) to all of
+/// it, in chunks of `batch_size`, before its first token; time never goes back.
+#[tokio::test]
+async fn a_stream_reports_its_prompts_progress() {
+    let engine = engine(&["--n-parallel", "1", "--batch-size", "16"]);
+    let client = client();
+    let url = format!("{}/completion", engine.url);
+    let prompt = "the quick brown fox jumps over the lazy dog ".repeat(8);
+    let body = json!({"prompt": prompt, "n_predict": 2, "stream": true, "return_progress": true,
+        "cache_prompt": false});
+    let (streamed, _) = events(&client, &url, &body).await;
+    let progress: Vec<&Value> =
+        streamed.iter().filter(|e| e.get("prompt_progress").is_some()).collect();
+    let total = progress[0]["prompt_progress"]["total"].as_u64().unwrap();
+    assert!(total > 32, "{total}");
+    assert_eq!(progress[0]["prompt_progress"]["processed"], 0);
+    assert_eq!(progress[0]["timings"]["prompt_n"], 0);
+    let last = &progress.last().unwrap()["prompt_progress"];
+    assert_eq!(last["processed"].as_u64().unwrap() + last["cache"].as_u64().unwrap(), total);
+    assert!(progress.len() as u64 >= 1 + total.div_ceil(16), "{} events", progress.len());
+    let times: Vec<f64> =
+        progress.iter().map(|e| e["prompt_progress"]["time_ms"].as_f64().unwrap()).collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+    // Progress comes before the text, and only when asked for.
+    let first_text = streamed.iter().position(|e| e["content"] != "").unwrap();
+    let last_progress = streamed.iter().rposition(|e| e.get("prompt_progress").is_some()).unwrap();
+    assert!(last_progress < first_text);
+    let mut quiet = body.clone();
+    quiet["return_progress"] = json!(false);
+    let (quiet, _) = events(&client, &url, &quiet).await;
+    assert!(quiet.iter().all(|e| e.get("prompt_progress").is_none()));
+}

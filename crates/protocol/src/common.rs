@@ -173,6 +173,10 @@ pub struct Sampling {
     /// `/completion`'s shape with the prompt as rendered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verbose: Option<bool>,
+    /// llama-server's `return_progress`: a stream reports how far its prompt has
+    /// been read (`prompt_progress`), before its first token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub return_progress: Option<bool>,
 }
 
 impl Sampling {

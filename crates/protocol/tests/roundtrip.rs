@@ -91,6 +91,7 @@ fn sampling() -> impl Strategy<Value = Sampling> {
                 n_probs: None,
                 ignore_eos: None,
                 verbose: None,
+                return_progress: None,
             }
         })
 }

@@ -93,6 +93,9 @@ pub struct GenParams {
     pub grammar: Option<String>,
     /// Report each token's log probability with this many alternatives.
     pub logprobs: Option<u32>,
+    /// Send [`Event::Progress`] while the prompt is read (llama-server's
+    /// `return_progress`, on streams).
+    pub return_progress: bool,
 }
 
 impl Default for GenParams {
@@ -117,6 +120,7 @@ impl Default for GenParams {
             cache_salt: None,
             grammar: None,
             logprobs: None,
+            return_progress: false,
         }
     }
 }
@@ -148,6 +152,7 @@ impl GenParams {
             cache_salt: sampling.cache_salt.as_deref().map(Arc::from),
             grammar: None,
             logprobs: None,
+            return_progress: sampling.return_progress.unwrap_or(false),
         }
     }
 }
@@ -221,8 +226,30 @@ pub enum Event {
         /// Its token counts.
         usage: ChoiceUsage,
     },
+    /// How far choice `index` has read its prompt, when asked for
+    /// (`return_progress`): once when it gets its slot, then after each chunk.
+    Progress {
+        /// The choice.
+        index: ChoiceIndex,
+        /// Its prompt's reading so far.
+        progress: PromptProgress,
+    },
     /// The job failed; no more events follow.
     Error(ApiError),
+}
+
+/// llama-server's `prompt_progress`: a prompt's tokens, those its slot had
+/// cached, those read since, and the time that took.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PromptProgress {
+    /// Tokens of the prompt.
+    pub total: u32,
+    /// Tokens found in the slot's cache.
+    pub cache: u32,
+    /// Tokens read (decoded) so far.
+    pub processed: u32,
+    /// Since the slot took the prompt.
+    pub time: std::time::Duration,
 }
 
 /// One request, as sent to the scheduler.

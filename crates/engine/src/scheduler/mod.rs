@@ -25,7 +25,9 @@ use slotgate_protocol::ApiError;
 use tokio::sync::{mpsc, oneshot};
 
 pub use embed::Embedded;
-pub use job::{ChoiceIndex, ChoiceUsage, Event, GenParams, Job, JobInput, Opening, Render};
+pub use job::{
+    ChoiceIndex, ChoiceUsage, Event, GenParams, Job, JobInput, Opening, PromptProgress, Render,
+};
 pub use model::{ModelSnapshot, Reader, VocabAnswer, VocabOp};
 
 use crate::config::ModelSettings;

@@ -13,7 +13,7 @@ use slotgate_protocol::native::Timings;
 use slotgate_protocol::{sse, ApiError, FinishReason, TokenLogprob, Usage};
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use crate::scheduler::{ChoiceUsage, Event};
+use crate::scheduler::{ChoiceUsage, Event, PromptProgress};
 
 pub use super::collected::{collect, timings, Choice, Collected, Shape, UsageSum};
 
@@ -82,6 +82,11 @@ pub trait ChunkWriter: Send + 'static {
     /// What ends the stream: OpenAI's `data: [DONE]`, unless the format has none.
     fn done(&self) -> &'static str {
         sse::DONE_EVENT
+    }
+    /// How far choice `index` has read its prompt (`return_progress`); nothing
+    /// in a format without such an event.
+    fn progress(&self, _index: u32, _progress: &PromptProgress) -> String {
+        String::new()
     }
 }
 
@@ -194,6 +199,9 @@ impl<W: ChunkWriter> StreamState<W> {
                     out.push_str(self.writer.done());
                     self.ended = true;
                 }
+            }
+            Some(Event::Progress { index, progress }) => {
+                out.push_str(&self.writer.progress(index.flat(), &progress));
             }
             Some(Event::Error(err)) => {
                 out.push_str(&sse::encode(&err.into_envelope()));

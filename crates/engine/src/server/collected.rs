@@ -162,6 +162,8 @@ pub async fn collect(
                 usage.add(index, u);
                 done += 1;
             }
+            // Only a stream reports how far its prompt is read.
+            Event::Progress { .. } => {}
             Event::Error(err) => return Err(err),
         }
     }

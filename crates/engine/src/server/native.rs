@@ -20,7 +20,7 @@ use super::body::JsonBody;
 use super::generate::{completion_params, resolve_model, run, server_seed, streamed};
 use super::AppState;
 use crate::error::EngineError;
-use crate::scheduler::{GenParams, JobInput};
+use crate::scheduler::{GenParams, JobInput, PromptProgress};
 
 /// `POST /completion`.
 pub async fn completion(
@@ -95,6 +95,17 @@ pub(super) fn verbose(model: &str, params: &GenParams, prompt: String, choice: &
     };
     let ending = Ending { reason: choice.reason, stop: choice.stop.clone(), usage: choice.usage };
     writer.finished(choice.index, choice.text.clone(), Vec::new(), &ending)
+}
+
+/// llama-server's event of a prompt's reading: no text, its `prompt_progress`
+/// and the `timings` so far.
+fn progress_event(index: u32, p: &PromptProgress) -> Value {
+    let ms = p.time.as_secs_f64() * 1e3;
+    json!({"index": index, "content": "", "tokens": [], "stop": false, "id_slot": -1,
+        "tokens_predicted": 0, "tokens_evaluated": p.total,
+        "timings": Timings::new(p.cache, (p.processed, ms), (0, 0, 0.0)),
+        "prompt_progress": {"total": p.total, "cache": p.cache, "processed": p.processed,
+            "time_ms": ms}})
 }
 
 /// llama-server's `generation_settings`: the settings a request ran with.
@@ -214,5 +225,11 @@ impl ChunkWriter for NativeChunks {
     /// llama-server's own stream ends with its last event.
     fn done(&self) -> &'static str {
         ""
+    }
+
+    /// An event with no text, its `prompt_progress` and the `timings` so far,
+    /// as llama-server sends them.
+    fn progress(&self, index: u32, progress: &PromptProgress) -> String {
+        sse::encode(&progress_event(index, progress))
     }
 }

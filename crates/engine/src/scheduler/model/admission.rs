@@ -10,7 +10,7 @@ use slotgate_protocol::ApiError;
 use super::{Loaded, ModelRuntime};
 use crate::metrics as m;
 use crate::scheduler::host_cache::HostCache;
-use crate::scheduler::job::{Event, Outbox, Task};
+use crate::scheduler::job::{Event, Outbox, PromptProgress, Task};
 use crate::scheduler::sampler::ChoiceSampler;
 use crate::scheduler::slot::{common_prefix, pick_slot, Pick, Running, Slot, KEEP_SHARE};
 use crate::scheduler::text::TextStream;
@@ -137,6 +137,15 @@ impl ModelRuntime {
                     tokens: Vec::new(),
                 },
             );
+        }
+        if task.params.return_progress {
+            let progress = PromptProgress {
+                total: task.prompt.len() as u32,
+                cache: keep as u32,
+                processed: 0,
+                time: std::time::Duration::ZERO,
+            };
+            task.send(outbox, Event::Progress { index: task.index, progress });
         }
         slot.running = Some(Running {
             sampler: Some(sampler),

@@ -11,7 +11,7 @@ use slotgate_protocol::{ApiError, FinishReason, TokenLogprob, TopLogprob};
 use super::ModelRuntime;
 use crate::metrics as m;
 use crate::scheduler::aside::{draw_aside, Draw, Drew};
-use crate::scheduler::job::{ChoiceUsage, Event, Outbox};
+use crate::scheduler::job::{ChoiceUsage, Event, Outbox, PromptProgress};
 use crate::scheduler::sampler::Drawn;
 use crate::scheduler::slot::{Running, Slot};
 
@@ -41,6 +41,15 @@ impl ModelRuntime {
                 let start = run.n_prompt_done;
                 slot.cache.extend_from_slice(&run.task.prompt[start..start + n]);
                 run.n_prompt_done += n;
+                if run.task.params.return_progress {
+                    let progress = PromptProgress {
+                        total: run.task.prompt.len() as u32,
+                        cache: run.cached as u32,
+                        processed: (run.n_prompt_done - run.cached) as u32,
+                        time: run.admitted.elapsed(),
+                    };
+                    run.task.send(outbox, Event::Progress { index: run.task.index, progress });
+                }
             }
         }
         let mut generated = 0u64;
