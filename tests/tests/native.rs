@@ -609,3 +609,35 @@ async fn a_stream_reports_its_prompts_progress() {
     let (quiet, _) = events(&client, &url, &quiet).await;
     assert!(quiet.iter().all(|e| e.get("prompt_progress").is_none()));
 }
+
+/// llama-server's `post_sampling_probs`: the probabilities of the distribution
+/// each token was drawn from, after the chain (here top-k 3), so no more than
+/// three alternatives, none of them zero, summing to at most one.
+#[tokio::test]
+async fn post_sampling_probabilities_are_what_the_draw_saw() {
+    let engine = engine(&["--n-parallel", "1"]);
+    let client = client();
+    let url = format!("{}/completion", engine.url);
+    let body = json!({"prompt": "Today was the day. Today I would finally become a",
+        "n_probs": 10, "n_predict": 4, "temperature": 1.0, "top_k": 3, "seed": 7,
+        "post_sampling_probs": true});
+    let (status, answer) = post(&client, &url, &body).await;
+    assert_eq!(status, 200, "{answer}");
+    let tokens = answer["completion_probabilities"].as_array().unwrap();
+    assert_eq!(tokens.len(), 4, "{answer}");
+    for token in tokens {
+        let p = token["prob"].as_f64().unwrap();
+        assert!(p > 0.0 && p <= 1.0, "{token}");
+        let top = token["top_probs"].as_array().unwrap();
+        assert!(!top.is_empty() && top.len() <= 3, "{token}");
+        let sum: f64 = top.iter().map(|t| t["prob"].as_f64().unwrap()).sum();
+        assert!(sum <= 1.0 + 1e-4 && top.iter().all(|t| t["prob"].as_f64().unwrap() > 0.0));
+        assert!(top.iter().any(|t| t["id"] == token["id"]), "the drawn token is among them");
+    }
+    // Without it, the model's own: ten alternatives, as log probabilities.
+    let mut own = body.clone();
+    own["post_sampling_probs"] = json!(false);
+    let (_, answer) = post(&client, &url, &own).await;
+    let first = &answer["completion_probabilities"][0];
+    assert_eq!(first["top_logprobs"].as_array().map(Vec::len), Some(10), "{first}");
+}

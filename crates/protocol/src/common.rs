@@ -177,6 +177,11 @@ pub struct Sampling {
     /// been read (`prompt_progress`), before its first token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub return_progress: Option<bool>,
+    /// llama-server's `post_sampling_probs`: log probabilities (on
+    /// `/completion`, probabilities) of the distribution a token was drawn
+    /// from, after top-k, top-p, min-p and temperature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub post_sampling_probs: Option<bool>,
 }
 
 impl Sampling {

@@ -92,6 +92,7 @@ fn sampling() -> impl Strategy<Value = Sampling> {
                 ignore_eos: None,
                 verbose: None,
                 return_progress: None,
+                post_sampling_probs: None,
             }
         })
 }

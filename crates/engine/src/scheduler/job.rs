@@ -96,6 +96,9 @@ pub struct GenParams {
     /// Send [`Event::Progress`] while the prompt is read (llama-server's
     /// `return_progress`, on streams).
     pub return_progress: bool,
+    /// Log probabilities of the distribution drawn from, after the chain,
+    /// rather than the model's own (llama-server's `post_sampling_probs`).
+    pub post_sampling_probs: bool,
 }
 
 impl Default for GenParams {
@@ -121,6 +124,7 @@ impl Default for GenParams {
             grammar: None,
             logprobs: None,
             return_progress: false,
+            post_sampling_probs: false,
         }
     }
 }
@@ -153,6 +157,7 @@ impl GenParams {
             grammar: None,
             logprobs: None,
             return_progress: sampling.return_progress.unwrap_or(false),
+            post_sampling_probs: sampling.post_sampling_probs.unwrap_or(false),
         }
     }
 }

@@ -27,6 +27,9 @@ pub(crate) struct ChoiceSampler {
     grammar: Option<LlamaSampler>,
     /// Alternatives to report per token; `None` reports no log probabilities.
     logprobs: Option<u32>,
+    /// Report the distribution the draw was made from (after top-k, top-p,
+    /// min-p and temperature) rather than the model's own.
+    post_sampling: bool,
 }
 
 /// A drawn token and, when asked for, its log probabilities.
@@ -42,13 +45,19 @@ impl ChoiceSampler {
     /// A fresh sampler for one choice, with a copy of the job's `grammar`.
     pub fn new(params: &GenParams, seed: u32, n_vocab: i32, grammar: Option<&Grammar>) -> Self {
         let grammar = grammar.map(Grammar::copy);
-        Self { chain: chain(params, seed, n_vocab), grammar, logprobs: params.logprobs }
+        let post_sampling = params.post_sampling_probs;
+        Self {
+            chain: chain(params, seed, n_vocab),
+            grammar,
+            logprobs: params.logprobs,
+            post_sampling,
+        }
     }
 
     /// A sampler with no settings but greedy choice, for tests.
     #[cfg(test)]
     pub fn greedy() -> Self {
-        Self { chain: LlamaSampler::greedy(), grammar: None, logprobs: None }
+        Self { chain: LlamaSampler::greedy(), grammar: None, logprobs: None, post_sampling: false }
     }
 
     /// Whether a draw needs every logit in hand (a grammar, or log
@@ -80,6 +89,7 @@ impl ChoiceSampler {
         let mut cur = candidates();
         self.chain.apply(&mut cur);
         let mut token = cur.selected_token();
+        let mut drawn_from = self.post_sampling.then(|| sampled(&cur));
         if let Some(grammar) = &mut self.grammar {
             let fits = token.is_some_and(|t| {
                 let mut one =
@@ -93,6 +103,7 @@ impl ChoiceSampler {
                 let allowed = cur.data.iter().any(|d| d.logit().is_finite());
                 self.chain.apply(&mut cur);
                 token = cur.selected_token().filter(|_| allowed);
+                drawn_from = self.post_sampling.then(|| sampled(&cur));
             }
             match token {
                 Some(t) => grammar.accept(t),
@@ -103,9 +114,36 @@ impl ChoiceSampler {
             return Drawn { token: LlamaToken(0), logprobs: None, dead_end: true };
         };
         self.chain.accept(token);
-        let logprobs = self.logprobs.map(|top| log_probabilities(logits, token, top as usize));
+        let logprobs = self.logprobs.map(|top| match &drawn_from {
+            Some(probs) => post_sampling(probs, token, top as usize),
+            None => log_probabilities(logits, token, top as usize),
+        });
         Drawn { token, logprobs, dead_end: false }
     }
+}
+
+/// The candidates a draw was made from, with their probabilities, best first:
+/// what the chain left. A greedy chain computes none: its token had all of it.
+fn sampled(cur: &LlamaTokenDataArray) -> Vec<(LlamaToken, f32)> {
+    let mut probs: Vec<(LlamaToken, f32)> =
+        cur.data.iter().filter(|d| d.p() > 0.0).map(|d| (d.id(), d.p())).collect();
+    if probs.is_empty() {
+        probs.extend(cur.selected_token().map(|t| (t, 1.0)));
+    }
+    probs.sort_by(|a, b| b.1.total_cmp(&a.1));
+    probs
+}
+
+/// As [`log_probabilities`], from the distribution the draw was made from
+/// (llama-server's `post_sampling_probs`): tokens the chain cut have none and
+/// are never listed.
+fn post_sampling(
+    probs: &[(LlamaToken, f32)],
+    token: LlamaToken,
+    top: usize,
+) -> (f32, Vec<(LlamaToken, f32)>) {
+    let chosen = probs.iter().find(|(t, _)| *t == token).map_or(1.0, |&(_, p)| p);
+    (chosen.ln(), probs.iter().take(top).map(|&(t, p)| (t, p.ln())).collect())
 }
 
 /// The log probability of `token` under the model's own distribution (the

@@ -57,6 +57,7 @@ pub async fn completion(
         samples: params.n,
         return_tokens: native.return_tokens.unwrap_or(false),
         logprobs: params.logprobs.is_some(),
+        post_sampling: params.post_sampling_probs,
         predicted: Mutex::new(vec![0; shape.choices as usize]),
     };
     let streamed = streamed(&state, &req.sampling).map(|mut s| {
@@ -91,6 +92,7 @@ pub(super) fn verbose(model: &str, params: &GenParams, prompt: String, choice: &
         samples: params.n,
         return_tokens: false,
         logprobs: false,
+        post_sampling: false,
         predicted: Mutex::default(),
     };
     let ending = Ending { reason: choice.reason, stop: choice.stop.clone(), usage: choice.usage };
@@ -128,9 +130,13 @@ fn settings(params: &GenParams, n_predict: i64) -> Value {
 
 /// llama-server's `completion_probabilities`: each token and each of its
 /// alternatives with its id and its log probability.
-fn probabilities(tokens: &[i32], logprobs: &[TokenLogprob]) -> Value {
+/// With `post` (`post_sampling_probs`), probabilities (`prob`, `top_probs`) of
+/// the distribution drawn from, as llama-server writes them.
+fn probabilities(tokens: &[i32], logprobs: &[TokenLogprob], post: bool) -> Value {
+    let (key, top_key) = if post { ("prob", "top_probs") } else { ("logprob", "top_logprobs") };
     let entry = |id: Option<i32>, token: &str, logprob: f32, bytes: &Option<Vec<u8>>| {
-        let mut e = json!({"token": token, "logprob": logprob,
+        let value = if post { logprob.exp() } else { logprob };
+        let mut e = json!({"token": token, key: value,
             "bytes": bytes.clone().unwrap_or_else(|| token.as_bytes().to_vec())});
         if let Some(id) = id {
             e["id"] = json!(id);
@@ -141,7 +147,7 @@ fn probabilities(tokens: &[i32], logprobs: &[TokenLogprob]) -> Value {
         let mut e = entry(tokens.get(k).copied(), &t.token, t.logprob, &t.bytes);
         let top: Vec<Value> =
             t.top_logprobs.iter().map(|a| entry(a.id, &a.token, a.logprob, &a.bytes)).collect();
-        e["top_logprobs"] = json!(top);
+        e[top_key] = json!(top);
         e
     });
     Value::Array(each.collect())
@@ -156,6 +162,8 @@ struct NativeChunks {
     samples: u32,
     return_tokens: bool,
     logprobs: bool,
+    /// Probabilities after the sampler chain (`post_sampling_probs`).
+    post_sampling: bool,
     /// Tokens streamed so far, per choice.
     predicted: Mutex<Vec<u32>>,
 }
@@ -186,7 +194,8 @@ impl NativeChunks {
         let tokens = if self.return_tokens { c.tokens.clone() } else { Vec::new() };
         let mut result = self.finished(c.index, c.text, tokens, &ending);
         if self.logprobs {
-            result["completion_probabilities"] = probabilities(&c.tokens, &c.logprobs);
+            result["completion_probabilities"] =
+                probabilities(&c.tokens, &c.logprobs, self.post_sampling);
         }
         result
     }
@@ -209,7 +218,8 @@ impl ChunkWriter for NativeChunks {
         let mut event = json!({"index": index, "content": piece.text, "tokens": piece.tokens,
             "stop": false, "id_slot": -1, "tokens_predicted": predicted});
         if self.logprobs {
-            event["completion_probabilities"] = probabilities(&piece.tokens, &piece.logprobs);
+            event["completion_probabilities"] =
+                probabilities(&piece.tokens, &piece.logprobs, self.post_sampling);
         }
         sse::encode(&event)
     }
