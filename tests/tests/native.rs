@@ -641,3 +641,36 @@ async fn post_sampling_probabilities_are_what_the_draw_saw() {
     let first = &answer["completion_probabilities"][0];
     assert_eq!(first["top_logprobs"].as_array().map(Vec::len), Some(10), "{first}");
 }
+
+/// Vertex AI's prediction route (`AIP_MODE=PREDICTION`, as Google Cloud starts
+/// a custom container): each instance is a request to the route its
+/// `@requestFormat` names, answered in order; one that fails holds its error,
+/// and the route never calls itself.
+#[tokio::test]
+async fn vertex_predictions_answer_each_instance_in_order() {
+    let model = model_path();
+    let args = ["--model", model.to_str().unwrap(), "--port", "0", "--threads", "2"];
+    let env = [("AIP_MODE", "PREDICTION"), ("AIP_HEALTH_ROUTE", "/vertex-health")];
+    let engine = Process::start_with_env(&binary("slotgate-engine"), &args, &env);
+    let client = client();
+    let (status, _) = get(&client, &format!("{}/vertex-health", engine.url)).await;
+    assert_eq!(status, 200);
+    let chat = json!({"@requestFormat": "chatCompletions", "max_tokens": 3, "temperature": 0,
+        "messages": [{"role": "user", "content": "Say hello"}], "stream": true});
+    let body = json!({"instances": [chat, {"@requestFormat": "/completion", "prompt": "Hi",
+        "n_predict": 2}, {"@requestFormat": "predict", "instances": []}, 7,
+        {"@requestFormat": "chatCompletions", "messages": []}]});
+    let (status, answer) = post(&client, &format!("{}/predict", engine.url), &body).await;
+    assert_eq!(status, 200, "{answer}");
+    let predictions = answer["predictions"].as_array().unwrap();
+    assert_eq!(predictions.len(), 5);
+    assert_eq!(predictions[0]["object"], "chat.completion", "never a stream: {answer}");
+    assert_eq!(predictions[0]["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(predictions[1]["tokens_predicted"], 2, "{answer}");
+    for refused in &predictions[2..] {
+        assert_eq!(refused["error"]["type"], "invalid_request_error", "{refused}");
+    }
+    let many = json!({"instances": vec![json!({"@requestFormat": "tokenize"}); 129]});
+    let (status, _) = post(&client, &format!("{}/predict", engine.url), &many).await;
+    assert_eq!(status, 400);
+}

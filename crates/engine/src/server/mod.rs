@@ -14,6 +14,7 @@ mod keys;
 mod messages;
 mod native;
 mod opening;
+mod predict;
 mod recorded;
 mod responses;
 mod restream;
@@ -105,11 +106,23 @@ pub fn router(state: AppState) -> Router {
         .route("/slots/{id}", post(slot_files::slot_action))
         .route("/slots/events", get(events::slot_events))
         .route("/props", get(admin::props))
-        .route("/metrics", get(admin::metrics))
-        .route_layer(axum::middleware::from_fn_with_state(state.clone(), keys::require));
+        .route("/metrics", get(admin::metrics));
+    // Vertex AI's prediction route, where its variables ask for one.
+    let keyed = match predict::routes() {
+        Some((path, _)) => keyed.route(&path, post(predict::predict)),
+        None => keyed,
+    };
+    let keyed =
+        keyed.route_layer(axum::middleware::from_fn_with_state(state.clone(), keys::require));
+    let health = predict::routes().and_then(|(_, health)| health);
+    let open = match health {
+        Some(path) => Router::new().route(&path, get(admin::health)),
+        None => Router::new(),
+    };
     // Open with API keys too, as llama-server's are: liveness and the model list.
     Router::new()
         .merge(keyed)
+        .merge(open)
         .route("/health", get(admin::health))
         .route("/v1/health", get(admin::health))
         .route("/v1/models", get(admin::models))
@@ -153,7 +166,8 @@ pub async fn start(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Running, EngineError> {
     let mut listeners = Vec::new();
-    let mut port = config.server.port;
+    // Vertex AI names the port its container must listen on.
+    let mut port = predict::port().unwrap_or(config.server.port);
     for host in config.server.host.split(',').map(str::trim).filter(|h| !h.is_empty()) {
         // `[::1]`, as URLs write it, is `::1` to bind.
         let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
