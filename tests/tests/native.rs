@@ -674,3 +674,40 @@ async fn vertex_predictions_answer_each_instance_in_order() {
     let (status, _) = post(&client, &format!("{}/predict", engine.url), &many).await;
     assert_eq!(status, 400);
 }
+
+/// llama.cpp's web UI asks chat streams for `return_progress` and
+/// `timings_per_token`: chunks of no choices report the prompt's reading, each
+/// text chunk its timings so far; the Responses stream carries the same
+/// (`response.in_progress` with `prompt_progress`, timings on each delta and on
+/// the final event), as llama-server's does.
+#[tokio::test]
+async fn chat_and_responses_streams_carry_llama_servers_telemetry() {
+    let engine = engine(&["--n-parallel", "1", "--batch-size", "16"]);
+    let client = client();
+    let long = "This is a test. ".repeat(12);
+    let body = json!({"messages": [{"role": "user", "content": long}], "max_tokens": 6,
+        "stream": true, "return_progress": true, "timings_per_token": true,
+        "cache_prompt": false, "logit_bias": {"1": -100, "106": -100}});
+    let (chunks, _) = events(&client, &format!("{}/v1/chat/completions", engine.url), &body).await;
+    let progress: Vec<&Value> =
+        chunks.iter().filter(|c| c.get("prompt_progress").is_some()).collect();
+    assert!(progress.len() >= 3, "{chunks:?}");
+    assert!(progress.iter().all(|c| c["choices"] == json!([]) && c["timings"].is_object()));
+    let texts: Vec<&Value> =
+        chunks.iter().filter(|c| c["choices"][0]["delta"]["content"].is_string()).collect();
+    let predicted: Vec<u64> =
+        texts.iter().map(|c| c["timings"]["predicted_n"].as_u64().unwrap()).collect();
+    assert!(!predicted.is_empty() && predicted.windows(2).all(|w| w[0] <= w[1]), "{predicted:?}");
+
+    let body = json!({"input": long, "max_output_tokens": 6, "stream": true,
+        "return_progress": true, "timings_per_token": true});
+    let (events, _) = events(&client, &format!("{}/v1/responses", engine.url), &body).await;
+    let with_progress: Vec<&Value> =
+        events.iter().filter(|e| e.get("prompt_progress").is_some()).collect();
+    assert!(!with_progress.is_empty(), "{events:?}");
+    assert!(with_progress.iter().all(|e| e["type"] == "response.in_progress"));
+    let deltas = events.iter().filter(|e| e["type"] == "response.output_text.delta");
+    assert!(deltas.clone().count() > 0 && deltas.clone().all(|d| d["timings"].is_object()));
+    let last = events.last().unwrap();
+    assert!(last["timings"]["predicted_n"].as_u64().is_some(), "{last}");
+}

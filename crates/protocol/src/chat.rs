@@ -354,4 +354,8 @@ pub struct ChatCompletionChunk {
     /// stream with each choice's last chunk and the usage chunk.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timings: Option<crate::native::Timings>,
+    /// llama-server's `prompt_progress` (with `return_progress`): in a chunk
+    /// of no choices, how far the prompt has been read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_progress: Option<crate::native::PromptProgress>,
 }

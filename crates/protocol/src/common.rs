@@ -182,6 +182,10 @@ pub struct Sampling {
     /// from, after top-k, top-p, min-p and temperature.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub post_sampling_probs: Option<bool>,
+    /// llama-server's `timings_per_token`: each streamed chunk with text
+    /// carries the `timings` so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timings_per_token: Option<bool>,
 }
 
 impl Sampling {

@@ -78,6 +78,20 @@ pub fn stop_type(reason: FinishReason, word: bool) -> &'static str {
     }
 }
 
+/// llama-server's `prompt_progress` (with `return_progress`): a prompt's
+/// tokens, those found cached, those read so far, and the time that took.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct PromptProgress {
+    /// Tokens of the prompt.
+    pub total: u32,
+    /// Tokens found in the slot's cache.
+    pub cache: u32,
+    /// Tokens read so far.
+    pub processed: u32,
+    /// Milliseconds since the slot took the prompt.
+    pub time_ms: f64,
+}
+
 /// llama-server's `timings`: how long reading the prompt and generating took,
 /// and their rates. Sent with every finished answer, and with each streamed
 /// chunk when the request asks for `timings_per_token`.

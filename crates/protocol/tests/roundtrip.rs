@@ -93,6 +93,7 @@ fn sampling() -> impl Strategy<Value = Sampling> {
                 verbose: None,
                 return_progress: None,
                 post_sampling_probs: None,
+                timings_per_token: None,
             }
         })
 }

@@ -99,6 +99,9 @@ pub struct GenParams {
     /// Log probabilities of the distribution drawn from, after the chain,
     /// rather than the model's own (llama-server's `post_sampling_probs`).
     pub post_sampling_probs: bool,
+    /// Each text event carries the choice's counts and times so far
+    /// (llama-server's `timings_per_token`).
+    pub timings_per_token: bool,
 }
 
 impl Default for GenParams {
@@ -125,6 +128,7 @@ impl Default for GenParams {
             logprobs: None,
             return_progress: false,
             post_sampling_probs: false,
+            timings_per_token: false,
         }
     }
 }
@@ -158,6 +162,7 @@ impl GenParams {
             logprobs: None,
             return_progress: sampling.return_progress.unwrap_or(false),
             post_sampling_probs: sampling.post_sampling_probs.unwrap_or(false),
+            timings_per_token: sampling.timings_per_token.unwrap_or(false),
         }
     }
 }
@@ -219,6 +224,9 @@ pub enum Event {
         logprobs: Vec<TokenLogprob>,
         /// The ids of the tokens sampled since the last event.
         tokens: Vec<i32>,
+        /// The choice's counts and times so far, when asked for
+        /// (`timings_per_token`).
+        so_far: Option<ChoiceUsage>,
     },
     /// Choice `index` is complete.
     Done {

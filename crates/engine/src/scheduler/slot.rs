@@ -8,7 +8,7 @@ use llama_cpp_2::token::LlamaToken;
 
 use slotgate_protocol::TokenLogprob;
 
-use super::job::Task;
+use super::job::{ChoiceUsage, Task};
 use super::sampler::ChoiceSampler;
 use super::text::TextStream;
 
@@ -41,6 +41,20 @@ impl Running {
     /// Whether the slot is still reading its prompt.
     pub fn in_prompt(&self) -> bool {
         self.n_prompt_done < self.task.prompt.len()
+    }
+
+    /// The choice's counts and times until now, in slot `slot`.
+    pub fn usage(&self, slot: u32) -> ChoiceUsage {
+        let now = Instant::now();
+        let first = self.first_token.unwrap_or(now);
+        ChoiceUsage {
+            prompt_tokens: self.task.prompt.len() as u32,
+            cached_tokens: self.cached as u32,
+            completion_tokens: self.generated,
+            slot,
+            prompt_time: first.saturating_duration_since(self.admitted),
+            generation_time: now.saturating_duration_since(first),
+        }
     }
 }
 

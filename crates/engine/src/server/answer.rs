@@ -56,6 +56,8 @@ pub struct Piece {
     pub logprobs: Vec<TokenLogprob>,
     /// The ids of the tokens sampled since the last piece.
     pub tokens: Vec<i32>,
+    /// The choice's `timings` so far, when asked for (`timings_per_token`).
+    pub timings: Option<Timings>,
 }
 
 /// How a choice ended, as a writer gets it.
@@ -175,7 +177,7 @@ impl<W: ChunkWriter> StreamState<W> {
     fn write(&mut self, event: Option<Event>) -> String {
         let mut out = String::new();
         match event {
-            Some(Event::Text { index: choice, text, logprobs, tokens }) => {
+            Some(Event::Text { index: choice, text, logprobs, tokens, so_far }) => {
                 let index = choice.flat();
                 self.open(index, &mut out);
                 let sent = self.sent.get_mut(index as usize);
@@ -184,7 +186,9 @@ impl<W: ChunkWriter> StreamState<W> {
                 if let Some(sent) = sent {
                     *sent += chars;
                 }
-                out.push_str(&self.writer.text(index, Piece { text, offset, logprobs, tokens }));
+                let timings = so_far.as_ref().map(timings);
+                let piece = Piece { text, offset, logprobs, tokens, timings };
+                out.push_str(&self.writer.text(index, piece));
             }
             Some(Event::Done { index: choice, reason, stop, usage }) => {
                 let index = choice.flat();

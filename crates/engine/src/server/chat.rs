@@ -25,7 +25,7 @@ use super::chat_job::{self, ChatJob};
 use super::generate::{now, resolve_model, run, streamed, PromptTokens};
 use super::AppState;
 use crate::error::EngineError;
-use crate::scheduler::{GenParams, Served};
+use crate::scheduler::{GenParams, PromptProgress, Served};
 use crate::tools::calls::{CallPiece, CallReader};
 use crate::tools::reply::ReplyReader;
 use crate::tools::{CallFormat, ToolPlan};
@@ -183,7 +183,16 @@ impl ChatChunks {
         usage: Option<Usage>,
         timings: Option<Timings>,
     ) -> String {
-        sse::encode(&ChatCompletionChunk {
+        sse::encode(&self.frame(choices, usage, timings))
+    }
+
+    fn frame(
+        &self,
+        choices: Vec<ChunkChoice>,
+        usage: Option<Usage>,
+        timings: Option<Timings>,
+    ) -> ChatCompletionChunk {
+        ChatCompletionChunk {
             id: self.id.clone(),
             object: "chat.completion.chunk".into(),
             created: self.created,
@@ -192,7 +201,8 @@ impl ChatChunks {
             choices,
             usage,
             timings,
-        })
+            prompt_progress: None,
+        }
     }
 
     fn delta(&self, index: u32, delta: Delta, finish_reason: Option<FinishReason>) -> String {
@@ -214,11 +224,17 @@ impl ChatChunks {
         self.chunk(vec![choice], None, Some(answer::timings(&ending.usage)))
     }
 
-    fn content(&self, index: u32, text: String, logprobs: Vec<TokenLogprob>) -> String {
+    /// Text of choice `index`, with the `timings` so far when asked for.
+    fn content(
+        &self,
+        index: u32,
+        text: String,
+        (logprobs, timings): (Vec<TokenLogprob>, Option<Timings>),
+    ) -> String {
         let delta = Delta { content: Some(text), ..Delta::default() };
         let logprobs = self.logprobs.then(|| ChoiceLogprobs::new(logprobs));
         let choice = ChunkChoice { index, delta, logprobs, finish_reason: None, stop_reason: None };
-        self.chunk(vec![choice], None, None)
+        self.chunk(vec![choice], None, timings)
     }
 
     /// The chunks of one whole call: its id, type and name, then its arguments
@@ -265,9 +281,9 @@ impl ChunkWriter for ChatChunks {
     }
 
     fn text(&self, index: u32, piece: Piece) -> String {
-        let Piece { text, logprobs, .. } = piece;
+        let Piece { text, logprobs, timings, .. } = piece;
         if self.plan.is_none() {
-            return self.content(index, text, logprobs);
+            return self.content(index, text, (logprobs, timings));
         }
         let generic = self.plan.as_ref().filter(|p| p.format == CallFormat::Generic);
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
@@ -290,7 +306,7 @@ impl ChunkWriter for ChatChunks {
             let reply = held.reply.push(&text);
             if !reply.is_empty() {
                 let logprobs = std::mem::take(&mut held.logprobs);
-                out.push_str(&self.content(index, reply, logprobs));
+                out.push_str(&self.content(index, reply, (logprobs, None)));
             }
         }
         out
@@ -316,14 +332,14 @@ impl ChunkWriter for ChatChunks {
         if held.reply.is_reply() {
             // Its text went out as it was written.
             if !held.logprobs.is_empty() {
-                out.push_str(&self.content(index, String::new(), held.logprobs));
+                out.push_str(&self.content(index, String::new(), (held.logprobs, None)));
             }
             out.push_str(&self.last(index, reason, &ending));
             return out;
         }
         let (message, reason) = message(Some(plan), held.text, reason);
         if let Some(text) = message.content.filter(|t| !t.is_empty()) {
-            out.push_str(&self.content(index, text, held.logprobs));
+            out.push_str(&self.content(index, text, (held.logprobs, None)));
         }
         for (position, call) in message.tool_calls.into_iter().flatten().enumerate() {
             out.push_str(&self.call(index, position as u32, call));
@@ -334,6 +350,15 @@ impl ChunkWriter for ChatChunks {
 
     fn usage(&self, usage: Usage, timings: Timings) -> String {
         self.chunk(Vec::new(), Some(usage), Some(timings))
+    }
+
+    /// A chunk of no choices with the prompt's reading so far, as llama-server
+    /// sends it (`return_progress`).
+    fn progress(&self, _index: u32, progress: &PromptProgress) -> String {
+        let (progress, timings) = super::native::progress_parts(progress);
+        let mut frame = self.frame(Vec::new(), None, Some(timings));
+        frame.prompt_progress = Some(progress);
+        sse::encode(&frame)
     }
 }
 

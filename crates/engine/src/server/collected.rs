@@ -148,7 +148,7 @@ pub async fn collect(
             None => rx.recv().await.ok_or_else(ApiError::internal)?,
         };
         match event {
-            Event::Text { index, text, logprobs: l, tokens: ids } => {
+            Event::Text { index, text, logprobs: l, tokens: ids, .. } => {
                 let i = index.flat() as usize;
                 texts[i].push_str(&text);
                 logprobs[i].extend(l);

@@ -102,12 +102,25 @@ pub(super) fn verbose(model: &str, params: &GenParams, prompt: String, choice: &
 /// llama-server's event of a prompt's reading: no text, its `prompt_progress`
 /// and the `timings` so far.
 fn progress_event(index: u32, p: &PromptProgress) -> Value {
-    let ms = p.time.as_secs_f64() * 1e3;
+    let (progress, timings) = progress_parts(p);
     json!({"index": index, "content": "", "tokens": [], "stop": false, "id_slot": -1,
         "tokens_predicted": 0, "tokens_evaluated": p.total,
-        "timings": Timings::new(p.cache, (p.processed, ms), (0, 0, 0.0)),
-        "prompt_progress": {"total": p.total, "cache": p.cache, "processed": p.processed,
-            "time_ms": ms}})
+        "timings": timings, "prompt_progress": progress})
+}
+
+/// A prompt's reading as llama-server reports it: `prompt_progress`, and the
+/// `timings` so far (nothing generated yet).
+pub(super) fn progress_parts(
+    p: &PromptProgress,
+) -> (slotgate_protocol::native::PromptProgress, Timings) {
+    let time_ms = p.time.as_secs_f64() * 1e3;
+    let progress = slotgate_protocol::native::PromptProgress {
+        total: p.total,
+        cache: p.cache,
+        processed: p.processed,
+        time_ms,
+    };
+    (progress, Timings::new(p.cache, (p.processed, time_ms), (0, 0, 0.0)))
 }
 
 /// llama-server's `generation_settings`: the settings a request ran with.
@@ -217,6 +230,9 @@ impl ChunkWriter for NativeChunks {
         };
         let mut event = json!({"index": index, "content": piece.text, "tokens": piece.tokens,
             "stop": false, "id_slot": -1, "tokens_predicted": predicted});
+        if let Some(timings) = piece.timings {
+            event["timings"] = json!(timings);
+        }
         if self.logprobs {
             event["completion_probabilities"] =
                 probabilities(&piece.tokens, &piece.logprobs, self.post_sampling);

@@ -87,6 +87,13 @@ pub struct ResponsesRequest {
     /// vLLM's extension, as on chat: the prompt cache's salt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_salt: Option<String>,
+    /// llama-server's `timings_per_token` (its Responses stream carries them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timings_per_token: Option<bool>,
+    /// llama-server's `return_progress`: `response.in_progress` events with
+    /// `prompt_progress` while the prompt is read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub return_progress: Option<bool>,
 }
 
 impl ResponsesRequest {
@@ -134,6 +141,8 @@ impl ResponsesRequest {
             stream: self.stream,
             stream_options: stream.then_some(StreamOptions { include_usage: Some(true) }),
             cache_salt: self.cache_salt.clone(),
+            timings_per_token: self.timings_per_token,
+            return_progress: self.return_progress,
             ..Sampling::default()
         };
         if let Some(tools) = &self.tools {

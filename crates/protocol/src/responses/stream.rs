@@ -23,6 +23,8 @@ pub struct Translator {
     /// The index of the next output item.
     next: u32,
     ended: bool,
+    /// llama-server's latest `timings`, for the completed response.
+    timings: Option<crate::native::Timings>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +37,8 @@ enum Open {
 impl Translator {
     /// A translator for the response `echo` describes.
     pub fn new(echo: Echo) -> Self {
-        Self { echo, seq: 0, outcome: Outcome::default(), open: None, next: 0, ended: false }
+        let outcome = Outcome::default();
+        Self { echo, seq: 0, outcome, open: None, next: 0, ended: false, timings: None }
     }
 
     /// What was produced so far.
@@ -63,6 +66,15 @@ impl Translator {
         if let Some(usage) = &chunk.usage {
             self.outcome.usage = Some(usage.clone());
         }
+        self.timings = chunk.timings.or(self.timings);
+        if let Some(progress) = &chunk.prompt_progress {
+            // llama-server's telemetry: how far the prompt has been read.
+            let response = self.echo.response(None);
+            out.push_str(&self.event(
+                "response.in_progress",
+                json!({"response": response, "prompt_progress": progress, "timings": chunk.timings}),
+            ));
+        }
         let Some(choice) = chunk.choices.iter().find(|c| c.index == 0) else { return out };
         if let Some(text) = choice.delta.content.as_deref().filter(|t| !t.is_empty()) {
             let index = match self.open {
@@ -75,11 +87,12 @@ impl Translator {
             };
             self.outcome.text.push_str(text);
             let item_id = self.echo.message_id();
-            out.push_str(&self.event(
-                "response.output_text.delta",
-                json!({"item_id": item_id,
-                "output_index": index, "content_index": 0, "delta": text, "logprobs": []}),
-            ));
+            let mut delta = json!({"item_id": item_id,
+                "output_index": index, "content_index": 0, "delta": text, "logprobs": []});
+            if let Some(timings) = chunk.timings {
+                delta["timings"] = json!(timings);
+            }
+            out.push_str(&self.event("response.output_text.delta", delta));
         }
         for call in choice.delta.tool_calls.as_deref().unwrap_or_default() {
             let (index, k) = match self.open {
@@ -138,7 +151,11 @@ impl Translator {
         } else {
             "response.completed"
         };
-        out.push_str(&self.event(kind, json!({"response": response.clone()})));
+        let mut data = json!({"response": response.clone()});
+        if let Some(timings) = self.timings {
+            data["timings"] = json!(timings);
+        }
+        out.push_str(&self.event(kind, data));
         (out, Some(response))
     }
 

@@ -135,6 +135,7 @@ impl ModelRuntime {
                     text: text.to_string(),
                     logprobs: Vec::new(),
                     tokens: Vec::new(),
+                    so_far: None,
                 },
             );
         }

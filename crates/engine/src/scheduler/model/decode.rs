@@ -11,7 +11,7 @@ use slotgate_protocol::{ApiError, FinishReason, TokenLogprob, TopLogprob};
 use super::ModelRuntime;
 use crate::metrics as m;
 use crate::scheduler::aside::{draw_aside, Draw, Drew};
-use crate::scheduler::job::{ChoiceUsage, Event, Outbox, PromptProgress};
+use crate::scheduler::job::{Event, Outbox, PromptProgress};
 use crate::scheduler::sampler::Drawn;
 use crate::scheduler::slot::{Running, Slot};
 
@@ -180,7 +180,7 @@ impl Sampled<'_> {
             // The grammar allows nothing more: what was made is all it allows.
             Some(FinishReason::Stop)
         } else {
-            self.accept(run, drawn, in_cache, outbox)
+            self.accept(run, drawn, (in_cache, slot.id), outbox)
         };
         if let Some(reason) = ended {
             if let Some(run) = slot.running.take() {
@@ -194,7 +194,7 @@ impl Sampled<'_> {
         &self,
         run: &mut Running,
         drawn: Drawn,
-        in_cache: usize,
+        (in_cache, slot_id): (usize, u32),
         outbox: &mut Outbox,
     ) -> Option<FinishReason> {
         let token = drawn.token;
@@ -237,7 +237,9 @@ impl Sampled<'_> {
             let logprobs = std::mem::take(&mut run.logprobs);
             let tokens = std::mem::take(&mut run.ids);
             let index = run.task.index;
-            run.task.send(outbox, Event::Text { index, text: pushed.text, logprobs, tokens });
+            let so_far = run.task.params.timings_per_token.then(|| run.usage(slot_id));
+            let text = pushed.text;
+            run.task.send(outbox, Event::Text { index, text, logprobs, tokens, so_far });
         }
         if pushed.stopped {
             return Some(FinishReason::Stop);
@@ -262,18 +264,10 @@ fn finish(mut run: Running, reason: FinishReason, at: (&str, u32), outbox: &mut 
         let logprobs = std::mem::take(&mut run.logprobs);
         let tokens = std::mem::take(&mut run.ids);
         let index = run.task.index;
-        run.task.send(outbox, Event::Text { index, text: rest, logprobs, tokens });
+        let so_far = run.task.params.timings_per_token.then(|| run.usage(slot));
+        run.task.send(outbox, Event::Text { index, text: rest, logprobs, tokens, so_far });
     }
-    let now = Instant::now();
-    let first = run.first_token.unwrap_or(now);
-    let usage = ChoiceUsage {
-        prompt_tokens: run.task.prompt.len() as u32,
-        cached_tokens: run.cached as u32,
-        completion_tokens: run.generated,
-        slot,
-        prompt_time: first.saturating_duration_since(run.admitted),
-        generation_time: now.saturating_duration_since(first),
-    };
+    let usage = run.usage(slot);
     if let Some(first) = run.first_token {
         if run.generated > 1 {
             let per_token = first.elapsed() / (run.generated - 1);
