@@ -711,3 +711,62 @@ async fn chat_and_responses_streams_carry_llama_servers_telemetry() {
     let last = events.last().unwrap();
     assert!(last["timings"]["predicted_n"].as_u64().is_some(), "{last}");
 }
+
+/// llama-server's reranking (`--reranking`): each document scored for the
+/// query by the model's rank-pooled context, best first, cut to `top_n`, in
+/// Jina's shape or TEI's; bad requests are 400s naming the field. The default
+/// model has no classifier head, so its scores mean nothing; the order, the
+/// counts and the shapes are what is checked.
+#[tokio::test]
+async fn reranking_scores_documents_in_jinas_and_teis_shapes() {
+    let reranker = engine(&["--n-parallel", "1", "--reranking", "true"]);
+    let client = client();
+    let url = format!("{}/v1/rerank", reranker.url);
+    let documents = [
+        "A machine is a physical system.",
+        "Machine learning is a field of AI.",
+        "Paris est une grande ville.",
+        "Learning is acquiring knowledge.",
+    ];
+    let body = json!({"query": "Machine learning is", "documents": documents});
+    let (status, answer) = post(&client, &url, &body).await;
+    assert_eq!(status, 200, "{answer}");
+    let results = answer["results"].as_array().unwrap();
+    let scores: Vec<f64> = results.iter().map(|r| r["relevance_score"].as_f64().unwrap()).collect();
+    assert_eq!(scores.len(), 4);
+    assert!(scores.windows(2).all(|w| w[0] >= w[1]), "best first: {scores:?}");
+    let mut indexes: Vec<u64> = results.iter().map(|r| r["index"].as_u64().unwrap()).collect();
+    indexes.sort_unstable();
+    assert_eq!(indexes, [0, 1, 2, 3]);
+    assert!(answer["usage"]["prompt_tokens"].as_u64().unwrap() > 20, "{answer}");
+    // The same request scores the same; `top_n` keeps the best.
+    let (_, two) = post(
+        &client,
+        &url,
+        &json!({"query": "Machine learning is",
+        "documents": documents, "top_n": 2}),
+    )
+    .await;
+    assert_eq!(two["results"].as_array().unwrap()[..], results[..2], "{two}");
+    let tei = json!({"query": "Machine learning is", "texts": documents, "return_text": true});
+    let (status, listed) = post(&client, &format!("{}/rerank", reranker.url), &tei).await;
+    assert_eq!(status, 200, "{listed}");
+    let first = &listed[0];
+    assert_eq!(first["score"], results[0]["relevance_score"]);
+    assert_eq!(first["text"], documents[first["index"].as_u64().unwrap() as usize]);
+    for (bad, param) in [
+        (json!({"query": "q", "documents": []}), "documents"),
+        (json!({"query": "q", "documents": [1, 2]}), "documents"),
+        (json!({"documents": ["a"]}), "query"),
+    ] {
+        let (status, refused) = post(&client, &url, &bad).await;
+        assert_eq!((status, refused["error"]["param"].as_str()), (400, Some(param)), "{bad}");
+    }
+    let (status, _) =
+        post(&client, &format!("{}/v1/embeddings", reranker.url), &json!({"input": "x"})).await;
+    assert_eq!(status, 400, "a reranker does not embed");
+    drop(reranker);
+    let plain = engine(&["--n-parallel", "1"]);
+    let (status, refused) = post(&client, &format!("{}/v1/rerank", plain.url), &body).await;
+    assert_eq!((status, refused["error"]["param"].as_str()), (400, Some("model")), "{refused}");
+}

@@ -107,6 +107,7 @@ pub fn api(path: &str) -> &'static str {
         "/v1/chat/completions" => "chat",
         "/v1/completions" | "/completion" => "completions",
         "/v1/embeddings" => "embeddings",
+        "/v1/rerank" => "rerank",
         p if p.starts_with("/v1/responses") => "responses",
         p if p.starts_with("/v1/messages") => "messages",
         _ => "llama_server",

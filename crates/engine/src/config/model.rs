@@ -70,6 +70,11 @@ pub struct ModelSettings {
     /// Serve `/v1/embeddings` for this model.
     #[arg(long, default_value_t = false, action = ArgAction::Set)]
     pub embedding: bool,
+    /// Serve `/v1/rerank` for this model (llama-server's `--reranking`): a
+    /// reranker's score of each document for a query, from its classifier head
+    /// (rank pooling). Its `/v1/embeddings` are then refused.
+    #[arg(long, default_value_t = false, action = ArgAction::Set)]
+    pub reranking: bool,
     /// Share of a prompt that an idle slot's cache must hold for the slot to be
     /// reused for it (llama-server's `--slot-prompt-similarity`); 0 takes any
     /// shared prefix.

@@ -1,5 +1,6 @@
 //! Embeddings: a second context of the model, with mean pooling, that reads one
-//! input per decode and returns its L2-normalized vector, as OpenAI's are. The
+//! input per decode and returns its L2-normalized vector, as OpenAI's are; for
+//! a reranker, rank pooling, and the score its classifier head gives. The
 //! inputs are tokenized by the model's reader, off the scheduler thread; this
 //! thread decodes one input per step, between the generation steps.
 
@@ -35,7 +36,11 @@ pub(crate) fn context_params(settings: &ModelSettings) -> LlamaContextParams {
         .with_n_threads(threads)
         .with_n_threads_batch(threads)
         .with_embeddings(true)
-        .with_pooling_type(LlamaPoolingType::Mean)
+        .with_pooling_type(if settings.reranking {
+            LlamaPoolingType::Rank
+        } else {
+            LlamaPoolingType::Mean
+        })
 }
 
 /// An embeddings job on the scheduler thread: its inputs, already tokens, and
@@ -54,14 +59,19 @@ impl EmbedWork {
 
     /// Embeds the next input. Returns the job's answer once it has one: every
     /// vector, an error, or nothing for a client that went away.
-    pub fn step(&mut self, ctx: &mut LlamaContext<'_>) -> Option<Result<Vec<Embedded>, ApiError>> {
+    /// With `rank` (a reranking context), the vector is the one score.
+    pub fn step(
+        &mut self,
+        ctx: &mut LlamaContext<'_>,
+        rank: bool,
+    ) -> Option<Result<Vec<Embedded>, ApiError>> {
         if self.reply.is_closed() {
             return Some(Ok(Vec::new()));
         }
         let Some(tokens) = self.inputs.next() else {
             return Some(Ok(std::mem::take(&mut self.done)));
         };
-        match embed_one(ctx, &tokens) {
+        match embed_one(ctx, &tokens, rank) {
             Ok(vector) => self.done.push(Embedded { vector, tokens: tokens.len() as u32 }),
             Err(err) => return Some(Err(err)),
         }
@@ -83,8 +93,12 @@ pub(crate) fn not_enabled(model: &str) -> ApiError {
 }
 
 /// The L2-normalized, mean-pooled vector of `tokens` (checked by the reader to
-/// fit the context).
-fn embed_one(ctx: &mut LlamaContext<'_>, tokens: &[LlamaToken]) -> Result<Vec<f32>, ApiError> {
+/// fit the context); with `rank`, the reranker's score, its one value.
+fn embed_one(
+    ctx: &mut LlamaContext<'_>,
+    tokens: &[LlamaToken],
+    rank: bool,
+) -> Result<Vec<f32>, ApiError> {
     let mut batch = LlamaBatch::new(tokens.len().max(1), 1);
     for (pos, &token) in tokens.iter().enumerate() {
         batch.add(token, pos as i32, &[0], true).map_err(|_| ApiError::internal())?;
@@ -97,6 +111,9 @@ fn embed_one(ctx: &mut LlamaContext<'_>, tokens: &[LlamaToken]) -> Result<Vec<f3
     crate::metrics::llama_server::TOTALS.decoded(1);
     crate::metrics::llama_server::TOTALS.embedded(tokens.len());
     let vector = ctx.embeddings_seq_ith(0).map_err(|_| ApiError::internal())?;
+    if rank {
+        return Ok(vector.first().copied().into_iter().collect());
+    }
     Ok(normalize(vector))
 }
 

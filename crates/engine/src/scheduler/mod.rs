@@ -220,11 +220,42 @@ impl Scheduler {
         served: &Served,
         inputs: Vec<slotgate_protocol::PromptItem>,
     ) -> Result<Vec<Embedded>, ApiError> {
+        if served.info.reranking {
+            let why = format!(
+                "model `{}` is loaded for reranking (/v1/rerank), not embeddings",
+                served.id
+            );
+            return Err(ApiError::invalid("model", why));
+        }
         if !served.info.embedding {
             return Err(embed::not_enabled(&served.id));
         }
         let reader = served.reader.clone();
         let inputs = self.off_loop(move || reader.read_inputs(&inputs)).await??;
+        let (reply, rx) = oneshot::channel();
+        let model = served.id.clone();
+        self.ask(Command::Embed(EmbedJob { model, inputs, reply }), rx).await
+    }
+
+    /// Scores each of `documents` for `query` with a reranker (a model loaded
+    /// with `reranking`): one value each, in order, with its token count.
+    pub async fn rerank(
+        &self,
+        served: &Served,
+        query: String,
+        documents: Vec<String>,
+    ) -> Result<Vec<Embedded>, ApiError> {
+        if !served.info.reranking {
+            return Err(ApiError::invalid(
+                "model",
+                format!(
+                    "reranking is not enabled for model `{}`; load it with reranking = true",
+                    served.id
+                ),
+            ));
+        }
+        let reader = served.reader.clone();
+        let inputs = self.off_loop(move || reader.read_rerank(&query, &documents)).await??;
         let (reply, rx) = oneshot::channel();
         let model = served.id.clone();
         self.ask(Command::Embed(EmbedJob { model, inputs, reply }), rx).await

@@ -16,6 +16,7 @@ mod native;
 mod opening;
 mod predict;
 mod recorded;
+mod rerank;
 mod responses;
 mod restream;
 mod slot_files;
@@ -82,6 +83,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/chat/completions/input_tokens", post(tokens::chat_input_tokens))
         .route("/v1/completions", post(generate::completions))
         .route("/v1/embeddings", post(generate::embeddings))
+        .route("/v1/rerank", post(rerank::rerank))
+        .route("/v1/reranking", post(rerank::rerank))
+        .route("/rerank", post(rerank::rerank))
+        .route("/reranking", post(rerank::rerank))
         // llama-server's aliases, which clients written for it send.
         .route("/chat/completions", post(chat::chat))
         .route("/chat/completions/input_tokens", post(tokens::chat_input_tokens))

@@ -40,8 +40,9 @@ use crate::serve::app::{App, AppState};
 /// `/completion`, `/tokenize`, `/detokenize` and `/apply-template` are its own
 /// endpoints.
 /// `/v1/messages` is Anthropic's Messages API and `/v1/responses` OpenAI's
-/// Responses API, which the engines serve.
-pub(crate) const FORWARDED: [(&str, &str); 18] = [
+/// Responses API, which the engines serve; `/v1/rerank` (and llama-server's
+/// names for it) a reranker's scores.
+pub(crate) const FORWARDED: [(&str, &str); 22] = [
     ("/v1/chat/completions", "/v1/chat/completions"),
     ("/v1/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"),
     ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"),
@@ -60,6 +61,10 @@ pub(crate) const FORWARDED: [(&str, &str); 18] = [
     ("/responses", "/v1/responses"),
     ("/responses/input_tokens", "/v1/responses/input_tokens"),
     ("/completion", "/completion"),
+    ("/v1/rerank", "/v1/rerank"),
+    ("/v1/reranking", "/v1/rerank"),
+    ("/rerank", "/v1/rerank"),
+    ("/reranking", "/v1/rerank"),
 ];
 
 /// The gateway's HTTP service, one per worker thread.

@@ -64,6 +64,8 @@ pub struct ModelInfo {
     pub max_choices: u32,
     /// Whether it has an embedding context.
     pub embedding: bool,
+    /// Whether that context ranks (a reranker's) rather than embeds.
+    pub reranking: bool,
     /// The template in use: `gemma`, `chatml`, `llama3`, `prompts`, `jinja` or `model`.
     pub template_name: String,
     /// The Jinja template in use, else the GGUF's own, else empty.
@@ -145,7 +147,8 @@ impl ModelRuntime {
             ctx_len: settings.ctx_len,
             n_parallel: settings.n_parallel,
             max_choices: settings.n_parallel.saturating_add(settings.queue_size),
-            embedding: settings.embedding,
+            embedding: settings.embedding || settings.reranking,
+            reranking: settings.reranking,
             template_name: template.name().to_owned(),
             aliases: settings.aliases.clone(),
             meta: meta(&model, settings.ctx_len),
@@ -159,7 +162,7 @@ impl ModelRuntime {
         });
         let n_parallel = settings.n_parallel;
         let ctx_params = context_params(&settings);
-        let embedding = settings.embedding;
+        let embedding = settings.embedding || settings.reranking;
         let embed_params = super::embed::context_params(&settings);
         let model = std::sync::Arc::new(model);
         let reader = std::sync::Arc::new(Reader::new(
@@ -237,8 +240,9 @@ impl ModelRuntime {
     fn embed_one(&mut self) -> Duration {
         let Some(work) = self.embeds.front_mut() else { return Duration::ZERO };
         let started = Instant::now();
+        let rank = self.info.reranking;
         let result = self.loaded.with_dependent_mut(|_, c| match c.embed.as_mut() {
-            Some(ctx) => work.step(ctx),
+            Some(ctx) => work.step(ctx, rank),
             None => Some(Err(ApiError::internal())),
         });
         if let Some(result) = result {

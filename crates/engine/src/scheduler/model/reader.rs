@@ -12,6 +12,8 @@
 //! on the scheduler thread, which keeps an unloaded model until no reader holds
 //! it (see `worker.rs`).
 
+mod rerank;
+
 use std::sync::Arc;
 
 use llama_cpp_2::model::{LlamaChatMessage, LlamaChatTemplate, LlamaModel};
