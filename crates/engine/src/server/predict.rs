@@ -11,6 +11,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, Method, Request};
 use axum::Json;
+use futures::StreamExt;
 use serde_json::{json, Value};
 use slotgate_protocol::ApiError;
 use tower_service::Service;
@@ -21,6 +22,11 @@ use crate::error::EngineError;
 
 /// Instances one prediction may hold, as llama-server bounds them.
 const MAX_INSTANCES: usize = 128;
+/// Instances of one prediction in flight at once: the queue and slots bound
+/// the work, this the answers held in memory.
+const AT_ONCE: usize = 16;
+/// The largest answer of one instance that is read back.
+const MAX_ANSWER_BYTES: usize = 16 << 20;
 
 /// Each `@requestFormat` and the route it calls. `predict` itself is not one:
 /// an instance never recurses.
@@ -69,11 +75,12 @@ pub async fn predict(
         let why = format!("{} instances; at most {MAX_INSTANCES}", instances.len());
         return Err(ApiError::invalid("instances", why).into());
     }
-    let each = instances.iter().enumerate().map(|(i, instance)| {
+    // Owned, so that the stream of answers borrows nothing of the body.
+    let each = instances.iter().cloned().enumerate().map(|(i, instance)| {
         let state = state.clone();
         let headers = headers.clone();
         async move {
-            match one(state, &headers, instance).await {
+            match one(state, &headers, &instance).await {
                 Ok(answer) => answer,
                 Err(err) => {
                     tracing::debug!(instance = i, error = %err.message, "prediction refused");
@@ -82,7 +89,8 @@ pub async fn predict(
             }
         }
     });
-    Ok(Json(json!({"predictions": futures::future::join_all(each).await})))
+    let predictions: Vec<Value> = futures::stream::iter(each).buffered(AT_ONCE).collect().await;
+    Ok(Json(json!({"predictions": predictions})))
 }
 
 /// One instance, answered by the route its format names.
@@ -118,12 +126,12 @@ async fn one(state: AppState, headers: &HeaderMap, instance: &Value) -> Result<V
         .header(header::CONTENT_TYPE, "application/json")
         .body(Body::from(body))
         .map_err(|_| ApiError::internal())?;
-    let limit = state.config.server.max_body_bytes.max(64 << 20);
     // The engine's own routes, keys and limits, as if the instance came alone.
     let mut routes = super::router(state);
     let response = routes.call(request).await.map_err(|_| ApiError::internal())?;
-    let bytes = axum::body::to_bytes(response.into_body(), limit)
-        .await
-        .map_err(|_| ApiError::internal())?;
+    let bytes =
+        axum::body::to_bytes(response.into_body(), MAX_ANSWER_BYTES).await.map_err(|_| {
+            ApiError::invalid("instance", "the answer is larger than a prediction may carry")
+        })?;
     serde_json::from_slice(&bytes).map_err(|_| ApiError::internal())
 }

@@ -32,6 +32,9 @@ impl Reader {
         }
         let template = self.model.meta_val_str("tokenizer.chat_template.rerank").ok();
         let vocab = self.model.vocab();
+        // The query is read once, not once a document: a long query over many
+        // short documents is not read a thousand times.
+        let query_tokens = vocab.tokenize(query.as_bytes(), false, false);
         let mut out = Vec::with_capacity(documents.len());
         for (i, document) in documents.iter().enumerate() {
             let tokens = match &template {
@@ -41,11 +44,11 @@ impl Reader {
                 }
                 None => {
                     let eos = vocab.eos();
-                    let mut tokens = Vec::new();
+                    let mut tokens = Vec::with_capacity(query_tokens.len() + 4);
                     if vocab.should_add_bos() {
                         tokens.push(vocab.bos());
                     }
-                    tokens.extend(vocab.tokenize(query.as_bytes(), false, false));
+                    tokens.extend_from_slice(&query_tokens);
                     if vocab.should_add_eos() {
                         tokens.push(eos);
                     }
