@@ -122,6 +122,8 @@ fn probes() -> Vec<(&'static str, &'static str, Value)> {
         .collect();
     let deep_tool = json!({"type": "object", "properties": {"a": doubling_schema(25)}});
     vec![
+        // Reranking: too many documents are refused before any is read.
+        ("rerank", "documents", json!({"query": "q", "documents": vec!["a"; 5_000]})),
         // The Responses and Messages APIs name their own fields.
         ("responses", "tools", response(json!({"tools": flat_tools}))),
         (
