@@ -1,18 +1,39 @@
 """Reads the JUnit reports of llama.cpp's server test suite run against
 llama-server and against slotgate-engine (through `adapter.py`) and prints a
-Markdown report: passes per test file side by side, then each test that
-llama-server passes and slotgate-engine does not, with the first line of why.
-Usage: summarize.py LLAMA_SERVER_XML SLOTGATE_XML"""
+Markdown report: passes per test file side by side, the count that matters
+(llama-server's passes less those of what slotgate refuses on purpose, listed
+in `refused.txt`), then each test that llama-server passes and slotgate-engine
+does not, with the first line of why or the reason it is refused.
+Usage: summarize.py LLAMA_SERVER_XML[,XML...] SLOTGATE_XML[,XML...]"""
 
+import pathlib
 import sys
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 
+REFUSED = pathlib.Path(__file__).with_name("refused.txt")
 
-def outcomes(path):
-    """{(file, test): (passed, reason)} of one run."""
+
+def refused():
+    """[(prefix, why)] of the tests of features refused on purpose."""
+    out = []
+    for line in REFUSED.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            prefix, why = line.split(" | ", 1)
+            out.append((prefix.strip(), why.strip()))
+    return out
+
+
+def refusal(key, rules):
+    name = f"{key[0]}::{key[1]}"
+    return next((why for prefix, why in rules if name.startswith(prefix)), None)
+
+
+def outcomes(paths):
+    """{(file, test): (passed, reason)} of one run, from its reports."""
     found = {}
-    for case in ET.parse(path).getroot().iter("testcase"):
+    cases = (c for p in paths.split(",") for c in ET.parse(p).getroot().iter("testcase"))
+    for case in cases:
         file = case.get("classname", "").split(".")[-1]
         name = case.get("name", "")
         bad = case.find("failure")
@@ -39,14 +60,25 @@ def main() -> None:
         n, a, b = files[file]
         print(f"| `{file}` | {n} | {a} | {b} |")
     print(f"| **all** | **{total[0]}** | **{total[1]}** | **{total[2]}** |")
+    rules = refused()
+    passed = [k for k in theirs if theirs[k][0]]
+    apart = [k for k in passed if refusal(k, rules)]
+    ours_apart = [k for k in apart if ours.get(k, (False, ""))[0]]
+    print()
+    print(f"Of llama-server's {total[1]} passes, {len(apart)} test what slotgate-engine "
+          "refuses on purpose (the README's list; `tests/llama-suite/refused.txt`): "
+          f"**{total[1] - len(apart)}** to match. slotgate-engine passes "
+          f"**{total[2] - len(ours_apart)}** of the tests not refused.")
     print()
     print("Passed by llama-server, not by slotgate-engine:")
     print()
     print("| test | why it failed here |")
     print("|---|---|")
-    for key in sorted(theirs):
-        if theirs[key][0] and not ours.get(key, (False, "not run"))[0]:
-            reason = ours.get(key, (False, "not run"))[1].replace("|", "\\|")
+    for key in sorted(passed):
+        if not ours.get(key, (False, "not run"))[0]:
+            why = refusal(key, rules)
+            reason = f"refused on purpose: {why}" if why else ours.get(key, (False, "not run"))[1]
+            reason = reason.replace("|", "\\|")
             print(f"| `{key[0]}::{key[1]}` | {reason} |")
 
 
