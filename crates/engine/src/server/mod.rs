@@ -113,14 +113,14 @@ pub fn router(state: AppState) -> Router {
         .route("/props", get(admin::props))
         .route("/metrics", get(admin::metrics));
     // Vertex AI's prediction route, where its variables ask for one.
-    let keyed = match predict::routes() {
-        Some((path, _)) => keyed.route(&path, post(predict::predict)),
+    let vertex = predict::routes();
+    let keyed = match &vertex {
+        Some((path, _)) => keyed.route(path, post(predict::predict)),
         None => keyed,
     };
     let keyed =
         keyed.route_layer(axum::middleware::from_fn_with_state(state.clone(), keys::require));
-    let health = predict::routes().and_then(|(_, health)| health);
-    let open = match health {
+    let open = match vertex.and_then(|(_, health)| health) {
         Some(path) => Router::new().route(&path, get(admin::health)),
         None => Router::new(),
     };

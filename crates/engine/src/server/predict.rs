@@ -75,12 +75,15 @@ pub async fn predict(
         let why = format!("{} instances; at most {MAX_INSTANCES}", instances.len());
         return Err(ApiError::invalid("instances", why).into());
     }
+    // The engine's own routes, keys and limits, as if each instance came
+    // alone: built once for all of them.
+    let routes = super::router(state);
     // Owned, so that the stream of answers borrows nothing of the body.
     let each = instances.iter().cloned().enumerate().map(|(i, instance)| {
-        let state = state.clone();
+        let routes = routes.clone();
         let headers = headers.clone();
         async move {
-            match one(state, &headers, &instance).await {
+            match one(routes, &headers, &instance).await {
                 Ok(answer) => answer,
                 Err(err) => {
                     tracing::debug!(instance = i, error = %err.message, "prediction refused");
@@ -94,7 +97,11 @@ pub async fn predict(
 }
 
 /// One instance, answered by the route its format names.
-async fn one(state: AppState, headers: &HeaderMap, instance: &Value) -> Result<Value, ApiError> {
+async fn one(
+    mut routes: axum::Router,
+    headers: &HeaderMap,
+    instance: &Value,
+) -> Result<Value, ApiError> {
     let mut payload = instance
         .as_object()
         .cloned()
@@ -126,8 +133,6 @@ async fn one(state: AppState, headers: &HeaderMap, instance: &Value) -> Result<V
         .header(header::CONTENT_TYPE, "application/json")
         .body(Body::from(body))
         .map_err(|_| ApiError::internal())?;
-    // The engine's own routes, keys and limits, as if the instance came alone.
-    let mut routes = super::router(state);
     let response = routes.call(request).await.map_err(|_| ApiError::internal())?;
     let bytes =
         axum::body::to_bytes(response.into_body(), MAX_ANSWER_BYTES).await.map_err(|_| {
