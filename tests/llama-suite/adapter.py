@@ -90,6 +90,8 @@ def for_slotgate(flags, model):
     args += ["--metrics-endpoint", "true" if "--metrics" in given else "false"]
     if "--no-slots" in given:
         args += ["--slots-endpoint", "false"]
+    if "--sleep-idle-seconds" in given:
+        args += ["--sleep-idle-s", given["--sleep-idle-seconds"]]
     if "--verbose" in given:
         args += ["--verbose", "true"]
     if "--api-key" in given:

@@ -133,3 +133,79 @@ async fn shutdown_cuts_off_a_stream_after_the_drain_timeout() {
     assert_eq!(status, 200);
     assert!(!text.contains("[DONE]"), "the stream was cut off, not finished");
 }
+
+/// The engine's resident memory, in MiB.
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .expect("VmRSS");
+    kib / 1024.0
+}
+
+/// With `--sleep-idle-s`, an idle engine unloads its model and gives its memory
+/// back, while `/health`, `/props`, the model list, `/slots` and `/metrics` still
+/// answer without waking it; a burst of requests that need the model wakes it
+/// with one load and all are served; a stream longer than the idle time is not
+/// cut by it; then it sleeps again.
+#[tokio::test]
+async fn an_idle_engine_sleeps_and_a_burst_wakes_it_with_one_load() {
+    let engine = engine(&["--n-parallel", "2", "--ctx-len", "512", "--sleep-idle-s", "1"]);
+    let client = client();
+    let props = format!("{}/props", engine.url);
+    let sleeping = |client: reqwest::Client, url: String| async move {
+        get(&client, &url).await.1["is_sleeping"] == json!(true)
+    };
+    assert!(!sleeping(client.clone(), props.clone()).await, "awake right after start");
+    let awake_mib = rss_mib(engine.pid());
+    assert!(
+        eventually(Duration::from_secs(15), || sleeping(client.clone(), props.clone())).await,
+        "not asleep within 15 s of idle"
+    );
+    let asleep_mib = rss_mib(engine.pid());
+    assert!(
+        asleep_mib + 100.0 < awake_mib,
+        "asleep {asleep_mib:.0} MiB, awake {awake_mib:.0} MiB: the model's memory was not freed"
+    );
+    for path in ["/health", "/v1/models", "/slots", "/metrics"] {
+        let response = client.get(format!("{}{path}", engine.url)).send().await.unwrap();
+        assert_eq!(response.status(), 200, "{path} while asleep");
+    }
+    let (_, models) = get(&client, &format!("{}/v1/models", engine.url)).await;
+    assert_eq!(models["data"][0]["id"], MODEL, "{models}");
+    assert!(sleeping(client.clone(), props.clone()).await, "reading the state woke it");
+
+    let url = format!("{}/v1/completions", engine.url);
+    let burst = (0..4).map(|i| {
+        let (client, url) = (client.clone(), url.clone());
+        let body = json!({"model": MODEL, "prompt": format!("Count to {i}:"), "max_tokens": 4});
+        async move { post(&client, &url, &body).await }
+    });
+    for (status, body) in futures::future::join_all(burst).await {
+        assert_eq!(status, 200, "{body}");
+        assert!(body["choices"][0]["text"].is_string(), "{body}");
+    }
+    assert!(!sleeping(client.clone(), props.clone()).await, "awake after the burst");
+    let text = metrics(&client, &engine.url).await;
+    let loads = |reason: &str| {
+        metric_sum_where(&text, "slotgate_engine_model_loads_total", &format!("reason=\"{reason}\""))
+    };
+    assert_eq!(loads("wake"), 1.0, "one load for the whole burst:\n{text}");
+    assert_eq!(loads("start"), 1.0);
+
+    // A stream that outlasts the idle time is not cut off by sleep.
+    let started = Instant::now();
+    let (status, streamed, clean) = read_stream(&client, &url, &long_completion(200, true)).await;
+    assert_eq!(status, 200);
+    assert!(clean && streamed.contains("[DONE]"), "the stream did not finish: {streamed}");
+    assert!(started.elapsed() > Duration::from_secs(1), "the stream was shorter than the idle time");
+    assert!(
+        eventually(Duration::from_secs(15), || sleeping(client.clone(), props.clone())).await,
+        "not asleep again"
+    );
+    let text = metrics(&client, &engine.url).await;
+    let unloads = metric_sum_where(&text, "slotgate_engine_model_unloads_total", "reason=\"idle\"");
+    assert_eq!(unloads, 2.0, "{text}");
+}

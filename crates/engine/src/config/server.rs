@@ -147,6 +147,14 @@ pub struct ServerSettings {
     /// a request that sets `verbose: true` gets it.
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     pub verbose: bool,
+    /// After this many seconds without a request, unload every model, freeing
+    /// its memory, and load it again when a request needs one (llama-server's
+    /// `--sleep-idle-seconds`); the first request then waits for the load.
+    /// `/health`, `/props`, the model list, `/slots` and `/metrics` neither
+    /// need a model nor wake one. 0: never. Behind a gateway, leave it 0: the
+    /// gateway sees a sleeping engine as one with no slots.
+    #[arg(long, default_value_t = 0)]
+    pub sleep_idle_s: u64,
 }
 
 impl ServerSettings {

@@ -25,6 +25,9 @@ pub struct Totals {
     tokens_max: AtomicU64,
     processing: AtomicU64,
     deferred: AtomicU64,
+    /// Since the last scrape: prompt tokens and microseconds, generated
+    /// tokens and microseconds, for the throughput gauges.
+    bucket: [AtomicU64; 4],
 }
 
 impl Totals {
@@ -41,6 +44,7 @@ impl Totals {
             tokens_max: AtomicU64::new(0),
             processing: AtomicU64::new(0),
             deferred: AtomicU64::new(0),
+            bucket: [const { AtomicU64::new(0) }; 4],
         }
     }
 
@@ -67,6 +71,15 @@ impl Totals {
         self.predicted_tokens.fetch_add(u64::from(predicted), Relaxed);
         self.predicted_us.fetch_add(micros(generation_time), Relaxed);
         self.tokens_max.fetch_max(u64::from(tokens + predicted), Relaxed);
+        let added = [
+            u64::from(tokens.saturating_sub(cached)),
+            micros(prompt_time),
+            u64::from(predicted),
+            micros(generation_time),
+        ];
+        for (bucket, n) in self.bucket.iter().zip(added) {
+            bucket.fetch_add(n, Relaxed);
+        }
     }
 
     /// Embeddings inputs read: prompt tokens that sample nothing.
@@ -87,9 +100,13 @@ impl Totals {
     }
 
     /// The series in Prometheus' text format, with llama-server's names,
-    /// types and help texts.
+    /// types and help texts. The throughput gauges cover the time since the
+    /// last scrape, as llama-server's do: each scrape starts a new window.
     pub fn render(&self) -> String {
         let get = |a: &AtomicU64| a.load(Relaxed) as f64;
+        let [b_prompt, b_prompt_s, b_predicted, b_predicted_s] =
+            self.bucket.each_ref().map(|a| a.swap(0, Relaxed) as f64);
+        let (b_prompt_s, b_predicted_s) = (b_prompt_s / 1e6, b_predicted_s / 1e6);
         let seconds = |a: &AtomicU64| get(a) / 1e6;
         let rate = |n: f64, s: f64| if s > 0.0 { n / s } else { 0.0 };
         let decodes = get(&self.decodes);
@@ -139,12 +156,12 @@ impl Totals {
             (
                 "prompt_tokens_seconds",
                 "Average prompt throughput in tokens/s",
-                rate(get(&self.prompt_tokens), prompt_s),
+                rate(b_prompt, b_prompt_s),
             ),
             (
                 "predicted_tokens_seconds",
                 "Average generation throughput in tokens/s",
-                rate(get(&self.predicted_tokens), predicted_s),
+                rate(b_predicted, b_predicted_s),
             ),
             ("requests_processing", "Number of requests processing", get(&self.processing)),
             ("requests_deferred", "Number of requests deferred", get(&self.deferred)),
@@ -195,5 +212,14 @@ mod tests {
         assert!(text.contains("# TYPE llamacpp:prompt_tokens_total counter\n"));
         assert!(text.contains("# TYPE llamacpp:requests_deferred gauge\n"));
         assert_eq!(text.matches("# HELP ").count(), 15);
+        // The throughput gauges cover one window; the totals stay.
+        let text = totals.render();
+        let value = |name: &str| {
+            let line = text.lines().find(|l| l.starts_with(&format!("llamacpp:{name} "))).unwrap();
+            line.rsplit(' ').next().unwrap().parse::<f64>().unwrap()
+        };
+        assert_eq!(value("predicted_tokens_seconds"), 0.0);
+        assert_eq!(value("prompt_tokens_seconds"), 0.0);
+        assert_eq!(value("tokens_predicted_total"), 3.0);
     }
 }

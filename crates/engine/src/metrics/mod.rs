@@ -3,6 +3,7 @@
 //! Gateway API Inference Extension, llm-d), by `model_name` as vLLM labels them.
 
 pub mod llama_server;
+mod ordered;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use slotgate_http::MetricKind as Kind;
@@ -41,6 +42,11 @@ pub const TPOT: &str = "slotgate_engine_time_per_output_token_seconds";
 pub const QUEUE_WAIT: &str = "slotgate_engine_queue_wait_seconds";
 /// Scheduler work per step outside llama.cpp's decode (histogram, seconds).
 pub const STEP_OVERHEAD: &str = "slotgate_engine_step_overhead_seconds";
+/// Models loaded (counter; `model`, `reason`: `start` for a load asked for,
+/// `wake` for one after sleep).
+pub const MODEL_LOADS: &str = "slotgate_engine_model_loads_total";
+/// Models unloaded (counter; `model`, `reason`: `admin` or `idle`).
+pub const MODEL_UNLOADS: &str = "slotgate_engine_model_unloads_total";
 
 /// Requests running in a slot, as vLLM names it (gauge; `model_name`).
 pub const VLLM_RUNNING: &str = "vllm:num_requests_running";
@@ -88,6 +94,8 @@ const DESCRIBED: &[(&str, Kind, &str)] = &[
         Kind::Histogram,
         "Scheduler work per step outside llama.cpp's decode, in seconds.",
     ),
+    (MODEL_LOADS, Kind::Counter, "Models loaded, by reason (start, wake)."),
+    (MODEL_UNLOADS, Kind::Counter, "Models unloaded, by reason (admin, idle)."),
     (VLLM_RUNNING, Kind::Gauge, "Number of requests in model execution batches (vLLM's name)."),
     (VLLM_WAITING, Kind::Gauge, "Number of requests waiting to be processed (vLLM's name)."),
     (VLLM_KV_USAGE, Kind::Gauge, "KV-cache usage. 1 means 100 percent usage (vLLM's name)."),
@@ -112,7 +120,7 @@ pub struct Names {
 /// are not wanted: their `:` is reserved for recording rules, and Prometheus'
 /// linter says so.
 pub fn render(handle: &PrometheusHandle, names: Names) -> String {
-    let text = handle.render();
+    let text = ordered::ordered(&handle.render());
     let mut out = String::with_capacity(text.len());
     if names.vllm {
         out.push_str(&text);

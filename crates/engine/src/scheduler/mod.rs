@@ -12,7 +12,9 @@ mod host_cache;
 mod job;
 mod model;
 mod sampler;
+mod sleep;
 mod slot;
+mod snapshot;
 pub mod text;
 mod worker;
 
@@ -28,7 +30,9 @@ pub use embed::Embedded;
 pub use job::{
     ChoiceIndex, ChoiceUsage, Event, GenParams, Job, JobInput, Opening, PromptProgress, Render,
 };
-pub use model::{ModelSnapshot, Reader, VocabAnswer, VocabOp};
+pub use model::{ModelInfo, ModelSnapshot, Reader, VocabAnswer, VocabOp};
+pub use sleep::{Dormant, Idle, Visit};
+pub use snapshot::{Served, Snapshot};
 
 use crate::config::ModelSettings;
 use crate::error::EngineError;
@@ -47,6 +51,8 @@ pub(crate) enum Command {
     Embed(EmbedJob),
     Load(ModelSettings, oneshot::Sender<Result<String, EngineError>>),
     Unload(String, oneshot::Sender<Result<(), EngineError>>),
+    /// Load the models that sleep again.
+    Wake(oneshot::Sender<Result<(), ApiError>>),
     SlotFile(SlotFileJob),
 }
 
@@ -95,65 +101,6 @@ pub struct EmbedJob {
     pub reply: oneshot::Sender<Result<Vec<Embedded>, ApiError>>,
 }
 
-/// The state of all models, as last published by the scheduler thread.
-#[derive(Debug, Clone, Default)]
-pub struct Snapshot {
-    /// Every loaded model.
-    pub models: Vec<ModelSnapshot>,
-    /// Models being loaded now.
-    pub loading: u32,
-    /// Grows by one with each change of a model's slots or queue (not with a
-    /// cache that only grew): the `seq` of `/slots` and `/slots/events`.
-    pub seq: u64,
-    /// How long a decode step takes, in microseconds (moving average).
-    pub step_us: u64,
-}
-
-impl Snapshot {
-    /// The model named (by its id or one of its aliases), or the only one loaded
-    /// when none is named (as llama-server serves whatever a request names).
-    pub fn pick(&self, model: Option<&str>) -> Result<&ModelSnapshot, ApiError> {
-        match (model, self.models.as_slice()) {
-            (Some(name), models) => models
-                .iter()
-                .find(|m| m.id == name)
-                .or_else(|| models.iter().find(|m| m.info.aliases.iter().any(|a| a == name)))
-                .ok_or_else(|| ApiError::model_not_found(name)),
-            (None, [only]) => Ok(only),
-            (None, []) => Err(ApiError::new(
-                slotgate_protocol::ErrorType::UnavailableError,
-                "no model is loaded",
-            )),
-            (None, models) => Err(ApiError::invalid(
-                "model",
-                format!("{} models are loaded: name one in `model`", models.len()),
-            )),
-        }
-    }
-}
-
-/// The model a request is served by, looked up once when it arrives: its id
-/// (an alias read as the model's own name), what does not change while it is
-/// loaded, and its reader. Should it be unloaded meanwhile, the job is refused
-/// by the scheduler thread, which knows.
-#[derive(Debug, Clone)]
-pub struct Served {
-    /// The model's own name.
-    pub id: String,
-    /// What does not change while it is loaded.
-    pub info: Arc<model::ModelInfo>,
-    /// Reads its requests into tokens, off the scheduler thread.
-    pub reader: Arc<Reader>,
-}
-
-impl Snapshot {
-    /// The model a request names, as [`Snapshot::pick`] finds it.
-    pub fn serve(&self, model: Option<&str>) -> Result<Served, ApiError> {
-        let m = self.pick(model)?;
-        Ok(Served { id: m.id.clone(), info: m.info.clone(), reader: m.reader.clone() })
-    }
-}
-
 /// A handle to the scheduler thread. Cheap to clone; the thread stops when the last
 /// handle is dropped and its running work is done.
 #[derive(Clone)]
@@ -166,11 +113,17 @@ pub struct Scheduler {
     heart: Arc<heartbeat::Heartbeat>,
     /// Permits to read a request off the loop: one per core.
     readers: Arc<tokio::sync::Semaphore>,
+    /// Whether the models sleep, and the requests that keep them awake.
+    idle: Arc<Idle>,
 }
 
 impl Scheduler {
-    /// Initializes llama.cpp and starts the scheduler thread with no model loaded.
-    pub fn start() -> Result<Self, EngineError> {
+    /// Initializes llama.cpp and starts the scheduler thread with no model
+    /// loaded; after `sleep_after` without work, it unloads the models until a
+    /// request needs one ([`Scheduler::wake`]).
+    pub fn start(sleep_after: Option<std::time::Duration>) -> Result<Self, EngineError> {
+        let idle = Arc::new(Idle::new(sleep_after));
+        let idle_there = idle.clone();
         let (commands, receiver) = sync_channel(COMMAND_CAPACITY);
         let snapshot = Arc::new(ArcSwap::from_pointee(Snapshot::default()));
         let shared = snapshot.clone();
@@ -193,13 +146,26 @@ impl Scheduler {
                 };
                 backend.void_logs();
                 let _ = ready_tx.send(Ok(()));
-                worker::Worker::new(backend, receiver, shared, changed, beating).run();
+                worker::Worker::new(backend, receiver, shared, changed, beating, idle_there).run();
             },
         )?;
         ready_rx.recv().map_err(|_| EngineError::SchedulerGone)??;
         let cores = std::thread::available_parallelism().map_or(2, usize::from);
         let readers = Arc::new(tokio::sync::Semaphore::new(cores.max(2)));
-        Ok(Self { commands, snapshot, changes, heart, readers })
+        Ok(Self { commands, snapshot, changes, heart, readers, idle })
+    }
+
+    /// Marks a request that needs a model in flight (the models do not fall
+    /// asleep until it ends), and wakes them if they sleep: the request waits
+    /// for the load. Every request that reads a model comes through here first.
+    pub async fn wake(&self) -> Result<Visit, ApiError> {
+        let visit = self.idle.visit();
+        if self.idle.is_asleep() {
+            let (tx, rx) = oneshot::channel();
+            self.send(Command::Wake(tx)).await.map_err(|e| e.to_api())?;
+            rx.await.map_err(|_| EngineError::SchedulerGone.to_api())??;
+        }
+        Ok(visit)
     }
 
     /// Sends a job. Its events, errors included, arrive on the job's channel.

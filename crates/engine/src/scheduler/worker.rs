@@ -23,6 +23,7 @@ use tokio::sync::oneshot;
 use super::aside::Drew;
 use super::job::{Event, Job, Outbox};
 use super::model::{ModelRuntime, ModelSnapshot};
+use super::sleep::{Dormant, Idle};
 use super::{Command, Snapshot};
 use crate::config::ModelSettings;
 use crate::error::EngineError;
@@ -52,6 +53,10 @@ pub(super) struct Worker {
     unloaded: Vec<Arc<llama_cpp_2::model::LlamaModel>>,
     /// Draws made beside the loop come back on this channel.
     drawn: (Sender<Drew>, Receiver<Drew>),
+    /// When to sleep (`sleep_idle_s`), shared with the HTTP side.
+    idle: Arc<Idle>,
+    /// The models unloaded by sleep, and what loads them again.
+    sleeping: Vec<(ModelSettings, Dormant)>,
 }
 
 impl Worker {
@@ -61,6 +66,7 @@ impl Worker {
         snapshot: Arc<ArcSwap<Snapshot>>,
         changed: tokio::sync::watch::Sender<u64>,
         heart: Arc<super::heartbeat::Heartbeat>,
+        idle: Arc<Idle>,
     ) -> Self {
         Self {
             backend,
@@ -77,6 +83,8 @@ impl Worker {
             heart,
             unloaded: Vec::new(),
             drawn: std::sync::mpsc::channel(),
+            idle,
+            sleeping: Vec::new(),
         }
     }
 
@@ -93,21 +101,26 @@ impl Worker {
                     self.publish();
                 }
                 self.heart.rest(true);
-                let cmd = if drawing {
-                    match self.commands.recv_timeout(Duration::from_millis(1)) {
+                // Idle with models loaded: wait no longer than sleep is due.
+                let sleep_due = (!self.models.is_empty()).then(|| self.idle.due_in()).flatten();
+                let wait = if drawing { Some(Duration::from_millis(1)) } else { sleep_due };
+                let cmd = match wait {
+                    Some(wait) => match self.commands.recv_timeout(wait) {
                         Ok(cmd) => Ok(Some(cmd)),
                         Err(RecvTimeoutError::Timeout) => Ok(None),
                         Err(RecvTimeoutError::Disconnected) => Err(()),
-                    }
-                } else {
-                    self.commands.recv().map(Some).map_err(|_| ())
+                    },
+                    None => self.commands.recv().map(Some).map_err(|_| ()),
                 };
                 self.heart.rest(false);
                 match cmd {
                     Ok(Some(cmd)) => self.handle(cmd),
+                    Ok(None) if !drawing => self.fall_asleep(),
                     Ok(None) => {}
                     Err(()) => return,
                 }
+            } else {
+                self.idle.touch();
             }
             self.heart.beat();
             self.free_unloaded();
@@ -179,6 +192,9 @@ impl Worker {
                 }
             },
             Command::Load(settings, reply) => self.load(settings, reply),
+            Command::Wake(reply) => {
+                let _ = reply.send(self.wake());
+            }
             Command::SlotFile(job) => {
                 let done = match self.models.iter_mut().find(|m| m.id == job.model) {
                     Some(model) => model.slot_file(job.slot, &job.op),
@@ -188,7 +204,10 @@ impl Worker {
                 let _ = job.reply.send(done);
             }
             Command::Unload(id, reply) => {
+                let before = self.sleeping.len();
+                self.sleeping.retain(|(_, d)| d.id != id);
                 let result = match self.models.iter().position(|m| m.id == id) {
+                    None if self.sleeping.len() < before => Ok(()),
                     Some(i) => {
                         let mut model = self.models.remove(i);
                         let err = ApiError::new(
@@ -202,6 +221,8 @@ impl Worker {
                         drop(model);
                         self.free_unloaded();
                         tracing::info!(model = %id, "model unloaded");
+                        metrics::counter!(m::MODEL_UNLOADS, "model" => id.clone(), "reason" => "admin")
+                            .increment(1);
                         Ok(())
                     }
                     None => Err(EngineError::Api(ApiError::model_not_found(&id))),
@@ -248,12 +269,23 @@ impl Worker {
         reply: oneshot::Sender<Result<String, EngineError>>,
     ) {
         let id = settings.id();
-        if self.models.iter().any(|m| m.id == id) {
+        if self.models.iter().any(|m| m.id == id) || self.sleeping.iter().any(|(_, d)| d.id == id) {
             let err =
                 ApiError::invalid("model_id", format!("a model named `{id}` is already loaded"));
             let _ = reply.send(Err(err.into()));
             return;
         }
+        let result = self.load_model(settings, "start");
+        self.publish();
+        let _ = reply.send(result);
+    }
+
+    /// Loads a model and adds it to those served; `reason` labels the count.
+    fn load_model(
+        &mut self,
+        settings: ModelSettings,
+        reason: &'static str,
+    ) -> Result<String, EngineError> {
         self.snapshot.rcu(|s| Snapshot { loading: s.loading + 1, ..(**s).clone() });
         let started = Instant::now();
         // A load takes as long as the file does: not stuck.
@@ -261,14 +293,55 @@ impl Worker {
         let result = ModelRuntime::load(&self.backend, settings, self.drawn.0.clone());
         self.heart.rest(false);
         self.snapshot.rcu(|s| Snapshot { loading: s.loading.saturating_sub(1), ..(**s).clone() });
-        let result = result.map(|model| {
+        result.map(|model| {
             tracing::info!(model = %model.id, elapsed = ?started.elapsed(), "load finished");
             let id = model.id.clone();
+            metrics::counter!(m::MODEL_LOADS, "model" => id.clone(), "reason" => reason)
+                .increment(1);
             self.models.push(model);
             id
-        });
+        })
+    }
+
+    /// Unloads every model, keeping what loads it again, once the engine has
+    /// been idle for `sleep_idle_s` with no request in flight.
+    fn fall_asleep(&mut self) {
+        if self.models.iter().any(ModelRuntime::is_busy) || !self.idle.fall_asleep() {
+            return;
+        }
+        for model in std::mem::take(&mut self.models) {
+            let s = model.snapshot();
+            metrics::counter!(m::MODEL_UNLOADS, "model" => s.id.clone(), "reason" => "idle")
+                .increment(1);
+            let dormant = Dormant { id: s.id, info: s.info, created: s.created };
+            self.sleeping.push((model.settings().clone(), dormant));
+            self.unloaded.push(model.model());
+        }
+        // The published state lets go of the readers before the models go.
         self.publish();
-        let _ = reply.send(result);
+        self.free_unloaded();
+        tracing::info!(models = self.sleeping.len(), "idle: models unloaded until a request");
+    }
+
+    /// Loads the sleeping models again. One that fails to load stays asleep,
+    /// for the next request to try again, and the request is refused.
+    fn wake(&mut self) -> Result<(), ApiError> {
+        let mut failed = None;
+        for (settings, dormant) in std::mem::take(&mut self.sleeping) {
+            if let Err(e) = self.load_model(settings.clone(), "wake") {
+                tracing::error!(model = %dormant.id, error = %e, "waking: load failed");
+                failed = Some(ApiError::new(
+                    slotgate_protocol::ErrorType::UnavailableError,
+                    format!("model `{}` could not be loaded again after sleeping", dormant.id),
+                ));
+                self.sleeping.push((settings, dormant));
+            }
+        }
+        if self.sleeping.is_empty() {
+            self.idle.woke();
+        }
+        self.publish();
+        failed.map_or(Ok(()), Err)
     }
 
     /// Publishes the state of every model for the HTTP side, and the gauges; then
@@ -314,7 +387,8 @@ impl Worker {
         }
         let loading = previous.loading;
         let step_us = self.step_us;
-        self.snapshot.store(Arc::new(Snapshot { models, loading, seq, step_us }));
+        let sleeping = self.sleeping.iter().map(|(_, d)| d.clone()).collect();
+        self.snapshot.store(Arc::new(Snapshot { models, sleeping, loading, seq, step_us }));
         if seq != previous.seq {
             self.changed.send_replace(seq);
         }

@@ -22,12 +22,15 @@ use crate::error::api_response;
 /// `GET /v1/models`.
 pub async fn models(State(state): State<AppState>) -> Json<ModelList> {
     let snapshot = state.scheduler.snapshot();
-    let names = snapshot.models.iter().flat_map(|m| {
-        std::iter::once(&m.id).chain(&m.info.aliases).map(|name| Model {
-            aliases: Some(m.info.aliases.clone()),
+    // Sleeping models are listed too: a request for one wakes it.
+    let loaded = snapshot.models.iter().map(|m| (&m.id, &m.info, m.created));
+    let asleep = snapshot.sleeping.iter().map(|d| (&d.id, &d.info, d.created));
+    let names = loaded.chain(asleep).flat_map(|(id, info, created)| {
+        std::iter::once(id).chain(&info.aliases).map(move |name| Model {
+            aliases: Some(info.aliases.clone()),
             tags: Some(Vec::new()),
-            meta: Some(m.info.meta.clone()),
-            ..Model::new(name.clone(), m.created, "slotgate")
+            meta: Some(info.meta.clone()),
+            ..Model::new(name.clone(), created, "slotgate")
         })
     });
     Json(ModelList::new(names.collect()))
@@ -40,7 +43,8 @@ pub async fn health(State(state): State<AppState>) -> Response {
         return api_response(ApiError::new(ErrorType::UnavailableError, why).with_code("stuck"));
     }
     let snapshot = state.scheduler.snapshot();
-    if !snapshot.models.is_empty() {
+    // A sleeping engine is healthy: its next request loads the models again.
+    if !snapshot.models.is_empty() || snapshot.is_sleeping() {
         let instance = format!("{:016x}", crate::ids::nonce());
         return Json(json!({"status": "ok", "instance": instance})).into_response();
     }
@@ -61,11 +65,10 @@ pub struct PropsQuery {
 /// template renders chats.
 pub async fn props(State(state): State<AppState>, Query(q): Query<PropsQuery>) -> Response {
     let snapshot = state.scheduler.snapshot();
-    let model = match snapshot.pick(q.model.as_deref()) {
+    let (id, info) = match snapshot.describe(q.model.as_deref()) {
         Ok(model) => model,
         Err(err) => return api_response(err),
     };
-    let info = &model.info;
     let d = &state.sampling;
     let seed = u32::try_from(state.config.server.seed).unwrap_or(u32::MAX);
     let params = json!({
@@ -88,12 +91,13 @@ pub async fn props(State(state): State<AppState>, Query(q): Query<PropsQuery>) -
         "model_ftype": info.meta["ftype"],
         "chat_template_caps": caps,
         "total_slots": info.n_parallel,
-        "model_alias": model.id,
+        "model_alias": id,
         "model_path": info.path,
         "modalities": {"vision": false, "audio": false},
         "chat_template": info.chat_template,
         "chat_template_name": info.template_name,
         "build_info": crate::SYSTEM_FINGERPRINT,
+        "is_sleeping": snapshot.is_sleeping(),
     }))
     .into_response()
 }

@@ -4,6 +4,7 @@
 
 mod admin;
 mod answer;
+mod awake;
 mod body;
 mod chat;
 mod chat_job;
@@ -118,8 +119,9 @@ pub fn router(state: AppState) -> Router {
         Some((path, _)) => keyed.route(path, post(predict::predict)),
         None => keyed,
     };
-    let keyed =
-        keyed.route_layer(axum::middleware::from_fn_with_state(state.clone(), keys::require));
+    let keyed = keyed
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), awake::wake))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), keys::require));
     let open = match vertex.and_then(|(_, health)| health) {
         Some(path) => Router::new().route(&path, get(admin::health)),
         None => Router::new(),
@@ -202,7 +204,9 @@ pub async fn serve(
     for extra in &addrs[1..] {
         tracing::info!(addr = %extra, "also listening");
     }
-    let scheduler = Scheduler::start()?;
+    let sleep_after =
+        (config.server.sleep_idle_s > 0).then(|| Duration::from_secs(config.server.sleep_idle_s));
+    let scheduler = Scheduler::start(sleep_after)?;
     let settings: ModelSettings = config.model.clone();
     let drain = Duration::from_millis(config.server.drain_timeout_ms);
     let state_limits = config.server.limits();

@@ -16,7 +16,9 @@ use crate::{ApiError, ErrorType};
 /// A Messages request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MessagesRequest {
-    /// The model asked for.
+    /// The model asked for; left out (empty), the only one served, as
+    /// llama-server takes it.
+    #[serde(default)]
     pub model: String,
     /// Most tokens to generate; required.
     pub max_tokens: u32,
@@ -61,7 +63,9 @@ pub struct MessagesRequest {
 /// A `count_tokens` request: a Messages request without `max_tokens`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CountTokensRequest {
-    /// The model whose tokenizer counts.
+    /// The model whose tokenizer counts; left out (empty), the only one
+    /// served, as llama-server takes it.
+    #[serde(default)]
     pub model: String,
     /// The system prompt.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -253,6 +253,11 @@ impl ModelRuntime {
         started.elapsed()
     }
 
+    /// What it was loaded with.
+    pub fn settings(&self) -> &ModelSettings {
+        &self.settings
+    }
+
     /// The model, for the scheduler to free once no reader holds it.
     pub fn model(&self) -> std::sync::Arc<LlamaModel> {
         self.loaded.borrow_owner().clone()
