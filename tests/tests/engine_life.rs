@@ -190,7 +190,11 @@ async fn an_idle_engine_sleeps_and_a_burst_wakes_it_with_one_load() {
     assert!(!sleeping(client.clone(), props.clone()).await, "awake after the burst");
     let text = metrics(&client, &engine.url).await;
     let loads = |reason: &str| {
-        metric_sum_where(&text, "slotgate_engine_model_loads_total", &format!("reason=\"{reason}\""))
+        metric_sum_where(
+            &text,
+            "slotgate_engine_model_loads_total",
+            &format!("reason=\"{reason}\""),
+        )
     };
     assert_eq!(loads("wake"), 1.0, "one load for the whole burst:\n{text}");
     assert_eq!(loads("start"), 1.0);
@@ -200,7 +204,10 @@ async fn an_idle_engine_sleeps_and_a_burst_wakes_it_with_one_load() {
     let (status, streamed, clean) = read_stream(&client, &url, &long_completion(200, true)).await;
     assert_eq!(status, 200);
     assert!(clean && streamed.contains("[DONE]"), "the stream did not finish: {streamed}");
-    assert!(started.elapsed() > Duration::from_secs(1), "the stream was shorter than the idle time");
+    assert!(
+        started.elapsed() > Duration::from_secs(1),
+        "the stream was shorter than the idle time"
+    );
     assert!(
         eventually(Duration::from_secs(15), || sleeping(client.clone(), props.clone())).await,
         "not asleep again"

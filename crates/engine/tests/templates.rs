@@ -156,3 +156,22 @@ fn keyword_indent_and_loop_controls_render() {
     let text = template.render(&[ChatMessage::new(Role::User, "Hi")], None, true, &kwargs).unwrap();
     assert_eq!(text, "{\n  \"a\": 1\n}|1|{\n  \"a\": 1\n}");
 }
+
+/// Firefunction v2's template reads `functions` (the tools as JSON text, as
+/// llama.cpp gives them to it) without setting it: with tools, without, and
+/// with none at all it renders, with today's date in its system prompt.
+#[test]
+fn a_template_that_reads_functions_gets_the_tools_as_text() {
+    let template = fixture("firefunction-v2.jinja");
+    let hi = [ChatMessage::new(Role::User, "What is today?")];
+    let tools: Vec<Tool> = serde_json::from_value(json!([{"type": "function", "function": {
+        "name": "get_weather", "parameters": {"type": "object"}}}]))
+    .unwrap();
+    for tools in [None, Some(&[][..]), Some(&tools[..])] {
+        let prompt = template.render(&hi, tools, true, &Default::default()).unwrap();
+        assert!(prompt.contains("Available functions as JSON spec:\n"), "{prompt}");
+        assert!(prompt.ends_with("<|start_header_id|>assistant<|end_header_id|>\n\n"), "{prompt}");
+        let listed = prompt.contains("\"name\": \"get_weather\"");
+        assert_eq!(listed, tools.is_some_and(|t| !t.is_empty()), "{prompt}");
+    }
+}

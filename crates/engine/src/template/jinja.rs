@@ -22,6 +22,8 @@ pub struct JinjaTemplate {
     source: String,
     bos_token: String,
     eos_token: String,
+    /// Whether the template reads `functions` without setting it.
+    reads_functions: bool,
 }
 
 impl std::fmt::Debug for JinjaTemplate {
@@ -43,7 +45,9 @@ impl JinjaTemplate {
         });
         env.add_function("strftime_now", |format: String| strftime(&format, now_secs()));
         env.add_template_owned("chat", source.clone()).map_err(|e| e.to_string())?;
-        Ok(Self { env, source, bos_token, eos_token })
+        let template = env.get_template("chat").map_err(|e| e.to_string())?;
+        let reads_functions = template.undeclared_variables(false).contains("functions");
+        Ok(Self { env, source, bos_token, eos_token, reads_functions })
     }
 
     /// The template's text.
@@ -54,8 +58,11 @@ impl JinjaTemplate {
     /// The conversation as a prompt, with the opening of the assistant's turn
     /// when `open`, and `kwargs` as more variables. Templates also get
     /// `enable_thinking` (true unless `kwargs` say) and today's date as
-    /// `date_string` and `datetime`, as llama.cpp gives them. A template that
-    /// fails (`raise_exception` included) is a 400 that carries its message.
+    /// `date_string` and `datetime`, as llama.cpp gives them, and, where the
+    /// template reads `functions` (OpenAI's old name for tools, as Firefunction
+    /// v2's template does) the tools as indented JSON text, empty without any,
+    /// as llama.cpp gave them to it. A template that fails (`raise_exception`
+    /// included) is a 400 that carries its message.
     pub fn render(
         &self,
         messages: &[ChatMessage],
@@ -72,6 +79,15 @@ impl JinjaTemplate {
             "datetime": strftime("%b %d %Y", now).unwrap_or_default(),
         });
         if let Value::Object(context) = &mut context {
+            if self.reads_functions {
+                let text = match &tools {
+                    Some(tools) if tools.as_array().is_some_and(|t| !t.is_empty()) => {
+                        serde_json::to_string_pretty(tools).unwrap_or_default()
+                    }
+                    _ => String::new(),
+                };
+                context.insert("functions".into(), Value::String(text));
+            }
             context.extend(kwargs.iter().map(|(k, v)| (k.clone(), v.clone())));
             // What the request itself says, never a variable's.
             context.insert("messages".into(), Value::Array(messages));
