@@ -68,6 +68,8 @@ def for_slotgate(flags, model):
         args += ["--threads", given["--threads"]]
     if "--embedding" in given:
         args += ["--embedding", "true"]
+    if given.get("--pooling") in ("mean", "cls", "last", "none"):
+        args += ["--pooling", given["--pooling"]]
     if "--reranking" in given or "--rerank" in given:
         args += ["--reranking", "true"]
     for name in ("--chat-template", "--chat-template-file"):

@@ -770,3 +770,52 @@ async fn reranking_scores_documents_in_jinas_and_teis_shapes() {
     let (status, refused) = post(&client, &format!("{}/v1/rerank", plain.url), &body).await;
     assert_eq!((status, refused["error"]["param"].as_str()), (400, Some("model")), "{refused}");
 }
+
+/// llama-server's `/embeddings` answers in its own shape (`[{"index", "embedding":
+/// [[...]]}]`), the pooled vector being `/v1/embeddings`' own; with `pooling none`
+/// it gives one vector per token, as the model gives them (not normalized),
+/// which `/v1/embeddings` refuses with a 400.
+#[tokio::test]
+async fn native_embeddings_in_llama_servers_shape_and_per_token_without_pooling() {
+    let client = client();
+    let body = json!({"model": MODEL, "input": "a cat sat"});
+    let pooled = engine(&["--n-parallel", "1", "--ctx-len", "256", "--embedding", "true"]);
+    let (status, native) = post(&client, &format!("{}/embeddings", pooled.url), &body).await;
+    assert_eq!(status, 200, "{native}");
+    let (_, oai) = post(&client, &format!("{}/v1/embeddings", pooled.url), &body).await;
+    assert_eq!(native[0]["index"], 0, "{native}");
+    let vectors = native[0]["embedding"].as_array().unwrap();
+    assert_eq!(vectors.len(), 1, "pooled: one vector");
+    let (a, b) = (vectors[0].as_array().unwrap(), oai["data"][0]["embedding"].as_array().unwrap());
+    assert_eq!(a.len(), 640);
+    assert!(a.iter().zip(b).all(|(x, y)| (x.as_f64().unwrap() - y.as_f64().unwrap()).abs() < 1e-6));
+    drop(pooled);
+
+    let none = engine(&[
+        "--n-parallel",
+        "1",
+        "--ctx-len",
+        "256",
+        "--embedding",
+        "true",
+        "--pooling",
+        "none",
+    ]);
+    let (status, refused) = post(&client, &format!("{}/v1/embeddings", none.url), &body).await;
+    assert_eq!(status, 400, "{refused}");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("pooling"), "{refused}");
+    let (status, native) = post(&client, &format!("{}/embeddings", none.url), &body).await;
+    assert_eq!(status, 200, "{native}");
+    let tokenized = json!({"content": "a cat sat", "add_special": true});
+    let (_, tokens) = post(&client, &format!("{}/tokenize", none.url), &tokenized).await;
+    let per_token = native[0]["embedding"].as_array().unwrap();
+    assert_eq!(per_token.len(), tokens["tokens"].as_array().unwrap().len(), "{tokens}");
+    assert!(per_token.len() >= 3);
+    for vector in per_token {
+        let v = vector.as_array().unwrap();
+        assert_eq!(v.len(), 640);
+        let norm: f64 = v.iter().map(|x| x.as_f64().unwrap().powi(2)).sum::<f64>().sqrt();
+        assert!((norm - 1.0).abs() > 1e-3, "as the model gives it, not normalized: {norm}");
+    }
+    assert_ne!(per_token[0], per_token[1]);
+}

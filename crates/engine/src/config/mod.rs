@@ -21,7 +21,7 @@ use serde::Serialize;
 
 use crate::error::EngineError;
 
-pub use model::{ModelSettings, TemplateChoice};
+pub use model::{ModelSettings, Pooling, TemplateChoice};
 pub use server::ServerSettings;
 
 /// The defaults of a group of settings: their flags parsed from an empty command line.

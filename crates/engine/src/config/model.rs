@@ -70,6 +70,12 @@ pub struct ModelSettings {
     /// Serve `/v1/embeddings` for this model.
     #[arg(long, default_value_t = false, action = ArgAction::Set)]
     pub embedding: bool,
+    /// How the embedding context pools an input's tokens into its vector
+    /// (llama-server's `--pooling`): `mean`, `cls` (the first token's), `last`,
+    /// or `none`: one vector per token, which only `/embeddings` (llama-server's
+    /// shape) can carry; `/v1/embeddings` then refuses.
+    #[arg(long, value_enum, default_value = "mean")]
+    pub pooling: Pooling,
     /// Serve `/v1/rerank` for this model (llama-server's `--reranking`): a
     /// reranker's score of each document for a query, from its classifier head
     /// (rank pooling). Its `/v1/embeddings` are then refused.
@@ -84,6 +90,21 @@ pub struct ModelSettings {
     /// their slot (llama-server's `--cache-ram`); 0 disables it.
     #[arg(long, default_value_t = 8192)]
     pub cache_ram_mib: u64,
+}
+
+/// How an embedding is pooled from its tokens' vectors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Pooling {
+    /// The mean of the tokens' vectors.
+    #[default]
+    Mean,
+    /// The first token's vector.
+    Cls,
+    /// The last token's vector.
+    Last,
+    /// Every token's vector.
+    None,
 }
 
 impl Default for ModelSettings {

@@ -1,6 +1,8 @@
-//! Embeddings: a second context of the model, with mean pooling, that reads one
-//! input per decode and returns its L2-normalized vector, as OpenAI's are; for
-//! a reranker, rank pooling, and the score its classifier head gives. The
+//! Embeddings: a second context of the model, pooled as `pooling` says (mean
+//! by default), that reads one input per decode and returns its L2-normalized
+//! vector, as OpenAI's are, or without pooling every token's vector as the
+//! model gives it; for a reranker, rank pooling, and the score its classifier
+//! head gives. The
 //! inputs are tokenized by the model's reader, off the scheduler thread; this
 //! thread decodes one input per step, between the generation steps.
 
@@ -13,13 +15,14 @@ use llama_cpp_2::token::LlamaToken;
 use slotgate_protocol::ApiError;
 use tokio::sync::oneshot;
 
-use crate::config::ModelSettings;
+use crate::config::{ModelSettings, Pooling};
 
-/// One input's vector and its token count.
+/// One input's vectors and its token count.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Embedded {
-    /// L2-normalized.
-    pub vector: Vec<f32>,
+    /// Pooled: one, L2-normalized. Without pooling: one per token, as the
+    /// model gives them. A reranker's: one holding the score alone.
+    pub vectors: Vec<Vec<f32>>,
     /// Tokens of the input.
     pub tokens: u32,
 }
@@ -36,11 +39,35 @@ pub(crate) fn context_params(settings: &ModelSettings) -> LlamaContextParams {
         .with_n_threads(threads)
         .with_n_threads_batch(threads)
         .with_embeddings(true)
-        .with_pooling_type(if settings.reranking {
-            LlamaPoolingType::Rank
-        } else {
-            LlamaPoolingType::Mean
+        .with_pooling_type(match (settings.reranking, settings.pooling) {
+            (true, _) => LlamaPoolingType::Rank,
+            (false, Pooling::Mean) => LlamaPoolingType::Mean,
+            (false, Pooling::Cls) => LlamaPoolingType::Cls,
+            (false, Pooling::Last) => LlamaPoolingType::Last,
+            (false, Pooling::None) => LlamaPoolingType::None,
         })
+}
+
+/// What a model's embedding context gives for an input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EmbedKind {
+    /// One pooled vector, normalized.
+    Pooled,
+    /// Every token's vector.
+    PerToken,
+    /// A reranker's score.
+    Rank,
+}
+
+impl EmbedKind {
+    /// What `info`'s embedding context gives.
+    pub fn of(info: &super::model::ModelInfo) -> Self {
+        match (info.reranking, info.pooling) {
+            (true, _) => Self::Rank,
+            (false, Pooling::None) => Self::PerToken,
+            (false, _) => Self::Pooled,
+        }
+    }
 }
 
 /// An embeddings job on the scheduler thread: its inputs, already tokens, and
@@ -59,11 +86,10 @@ impl EmbedWork {
 
     /// Embeds the next input. Returns the job's answer once it has one: every
     /// vector, an error, or nothing for a client that went away.
-    /// With `rank` (a reranking context), the vector is the one score.
     pub fn step(
         &mut self,
         ctx: &mut LlamaContext<'_>,
-        rank: bool,
+        read: EmbedKind,
     ) -> Option<Result<Vec<Embedded>, ApiError>> {
         if self.reply.is_closed() {
             return Some(Ok(Vec::new()));
@@ -71,8 +97,8 @@ impl EmbedWork {
         let Some(tokens) = self.inputs.next() else {
             return Some(Ok(std::mem::take(&mut self.done)));
         };
-        match embed_one(ctx, &tokens, rank) {
-            Ok(vector) => self.done.push(Embedded { vector, tokens: tokens.len() as u32 }),
+        match embed_one(ctx, &tokens, read) {
+            Ok(vectors) => self.done.push(Embedded { vectors, tokens: tokens.len() as u32 }),
             Err(err) => return Some(Err(err)),
         }
         self.inputs.as_slice().is_empty().then(|| Ok(std::mem::take(&mut self.done)))
@@ -92,13 +118,13 @@ pub(crate) fn not_enabled(model: &str) -> ApiError {
     )
 }
 
-/// The L2-normalized, mean-pooled vector of `tokens` (checked by the reader to
-/// fit the context); with `rank`, the reranker's score, its one value.
+/// The vectors of `tokens` (checked by the reader to fit the context), as
+/// `read` says.
 fn embed_one(
     ctx: &mut LlamaContext<'_>,
     tokens: &[LlamaToken],
-    rank: bool,
-) -> Result<Vec<f32>, ApiError> {
+    read: EmbedKind,
+) -> Result<Vec<Vec<f32>>, ApiError> {
     let mut batch = LlamaBatch::new(tokens.len().max(1), 1);
     for (pos, &token) in tokens.iter().enumerate() {
         batch.add(token, pos as i32, &[0], true).map_err(|_| ApiError::internal())?;
@@ -110,11 +136,16 @@ fn embed_one(
     })?;
     crate::metrics::llama_server::TOTALS.decoded(1);
     crate::metrics::llama_server::TOTALS.embedded(tokens.len());
-    let vector = ctx.embeddings_seq_ith(0).map_err(|_| ApiError::internal())?;
-    if rank {
-        return Ok(vector.first().copied().into_iter().collect());
+    if read == EmbedKind::PerToken {
+        return (0..tokens.len() as i32)
+            .map(|i| ctx.embeddings_ith(i).map(<[f32]>::to_vec).map_err(|_| ApiError::internal()))
+            .collect();
     }
-    Ok(normalize(vector))
+    let vector = ctx.embeddings_seq_ith(0).map_err(|_| ApiError::internal())?;
+    if read == EmbedKind::Rank {
+        return Ok(vec![vector.first().copied().into_iter().collect()]);
+    }
+    Ok(vec![normalize(vector)])
 }
 
 fn normalize(v: &[f32]) -> Vec<f32> {

@@ -26,7 +26,7 @@ use llama_cpp_2::llama_backend::LlamaBackend;
 use slotgate_protocol::ApiError;
 use tokio::sync::{mpsc, oneshot};
 
-pub use embed::Embedded;
+pub use embed::{EmbedKind, Embedded};
 pub use job::{
     ChoiceIndex, ChoiceUsage, Event, GenParams, Job, JobInput, Opening, PromptProgress, Render,
 };

@@ -19,6 +19,7 @@ use super::answer::{self, ChunkWriter, Ending, Piece, Shape, Streamed};
 use super::body::JsonBody;
 use super::AppState;
 use crate::error::EngineError;
+use crate::scheduler::EmbedKind;
 use crate::scheduler::{Event, GenParams, JobInput, Scheduler, Served};
 
 /// OpenAI's default `max_tokens` for text completions.
@@ -289,21 +290,22 @@ impl ChunkWriter for CompletionChunks {
     }
 }
 
-/// `POST /v1/embeddings`.
+/// `POST /v1/embeddings`. A model without pooling is refused: OpenAI's
+/// shape has room for one vector per input.
 pub async fn embeddings(
     State(state): State<AppState>,
     JsonBody(mut req): JsonBody<EmbeddingRequest>,
 ) -> Result<Response, EngineError> {
-    let served = resolve_model(&state, &mut req.model)?;
-    req.validate().map_err(EngineError::Api)?;
-    let inputs = match &req.input {
-        EmbeddingInput::Text(s) => vec![PromptItem::Text(s.clone())],
-        EmbeddingInput::Texts(v) => v.iter().cloned().map(PromptItem::Text).collect(),
-        EmbeddingInput::Tokens(t) => vec![PromptItem::Tokens(t.clone())],
-        EmbeddingInput::TokenArrays(v) => v.iter().cloned().map(PromptItem::Tokens).collect(),
-    };
+    let (read, vectors) = embed(&state, &mut req).await?;
+    if read == EmbedKind::PerToken {
+        let why = format!(
+            "model `{}` is loaded with pooling `none`: a vector per token, which OpenAI's \
+             embeddings cannot carry; POST /embeddings for them",
+            req.model
+        );
+        return Err(EngineError::Api(ApiError::invalid("model", why)));
+    }
     let format = req.encoding_format.unwrap_or_default();
-    let vectors = state.scheduler.embed(&served, inputs).await.map_err(EngineError::Api)?;
     let tokens: u32 = vectors.iter().map(|e| e.tokens).sum();
     Ok(Json(EmbeddingResponse {
         object: "list".into(),
@@ -312,7 +314,10 @@ pub async fn embeddings(
             .enumerate()
             .map(|(i, e)| Embedding {
                 object: "embedding".into(),
-                embedding: EmbeddingVector::encode(e.vector, format),
+                embedding: EmbeddingVector::encode(
+                    e.vectors.into_iter().next().unwrap_or_default(),
+                    format,
+                ),
                 index: i as u32,
             })
             .collect(),
@@ -320,4 +325,39 @@ pub async fn embeddings(
         usage: EmbeddingUsage { prompt_tokens: tokens, total_tokens: tokens },
     })
     .into_response())
+}
+
+/// `POST /embeddings`, llama-server's own: each input's vectors, as
+/// `[{"index": 0, "embedding": [[...]]}]`: one pooled vector, or one per
+/// token for a model without pooling.
+pub async fn native_embeddings(
+    State(state): State<AppState>,
+    JsonBody(mut req): JsonBody<EmbeddingRequest>,
+) -> Result<Response, EngineError> {
+    let (_, vectors) = embed(&state, &mut req).await?;
+    let answer: Vec<serde_json::Value> = vectors
+        .into_iter()
+        .enumerate()
+        .map(|(index, e)| serde_json::json!({"index": index, "embedding": e.vectors}))
+        .collect();
+    Ok(Json(answer).into_response())
+}
+
+/// Embeds a request's inputs with the model it names; says what the model's
+/// context gives.
+async fn embed(
+    state: &AppState,
+    req: &mut EmbeddingRequest,
+) -> Result<(EmbedKind, Vec<crate::scheduler::Embedded>), EngineError> {
+    let served = resolve_model(state, &mut req.model)?;
+    req.validate().map_err(EngineError::Api)?;
+    let inputs = match &req.input {
+        EmbeddingInput::Text(s) => vec![PromptItem::Text(s.clone())],
+        EmbeddingInput::Texts(v) => v.iter().cloned().map(PromptItem::Text).collect(),
+        EmbeddingInput::Tokens(t) => vec![PromptItem::Tokens(t.clone())],
+        EmbeddingInput::TokenArrays(v) => v.iter().cloned().map(PromptItem::Tokens).collect(),
+    };
+    let read = EmbedKind::of(&served.info);
+    let vectors = state.scheduler.embed(&served, inputs).await.map_err(EngineError::Api)?;
+    Ok((read, vectors))
 }

@@ -93,7 +93,7 @@ pub fn router(state: AppState) -> Router {
         .route("/chat/completions/input_tokens", post(tokens::chat_input_tokens))
         // llama-server's `/completions` is its own API, as `/completion` is.
         .route("/completions", post(native::completion))
-        .route("/embeddings", post(generate::embeddings))
+        .route("/embeddings", post(generate::native_embeddings))
         .route("/completion", post(native::completion))
         .route("/responses", post(responses::create))
         .route("/responses/input_tokens", post(responses::input_tokens))

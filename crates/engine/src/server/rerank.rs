@@ -42,8 +42,11 @@ pub async fn rerank(
     let scores = state.scheduler.rerank(&served, ask.query, ask.documents).await?;
     let tokens: u32 = scores.iter().map(|s| s.tokens).sum();
     let label = if ask.tei { "score" } else { "relevance_score" };
-    let mut ranked: Vec<(usize, f32)> =
-        scores.iter().map(|s| s.vector.first().copied().unwrap_or(0.0)).enumerate().collect();
+    let mut ranked: Vec<(usize, f32)> = scores
+        .iter()
+        .map(|s| s.vectors.first().and_then(|v| v.first()).copied().unwrap_or(0.0))
+        .enumerate()
+        .collect();
     ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
     ranked.truncate(ask.top_n);
     let results: Vec<Value> = ranked

@@ -66,6 +66,8 @@ pub struct ModelInfo {
     pub embedding: bool,
     /// Whether that context ranks (a reranker's) rather than embeds.
     pub reranking: bool,
+    /// How it pools an input's tokens.
+    pub pooling: crate::config::Pooling,
     /// The template in use: `gemma`, `chatml`, `llama3`, `prompts`, `jinja` or `model`.
     pub template_name: String,
     /// The Jinja template in use, else the GGUF's own, else empty.
@@ -149,6 +151,7 @@ impl ModelRuntime {
             max_choices: settings.n_parallel.saturating_add(settings.queue_size),
             embedding: settings.embedding || settings.reranking,
             reranking: settings.reranking,
+            pooling: settings.pooling,
             template_name: template.name().to_owned(),
             aliases: settings.aliases.clone(),
             meta: meta(&model, settings.ctx_len),
@@ -240,9 +243,9 @@ impl ModelRuntime {
     fn embed_one(&mut self) -> Duration {
         let Some(work) = self.embeds.front_mut() else { return Duration::ZERO };
         let started = Instant::now();
-        let rank = self.info.reranking;
+        let read = super::embed::EmbedKind::of(&self.info);
         let result = self.loaded.with_dependent_mut(|_, c| match c.embed.as_mut() {
-            Some(ctx) => work.step(ctx, rank),
+            Some(ctx) => work.step(ctx, read),
             None => Some(Err(ApiError::internal())),
         });
         if let Some(result) = result {
