@@ -92,6 +92,8 @@ def for_slotgate(flags, model):
     args += ["--metrics-endpoint", "true" if "--metrics" in given else "false"]
     if "--no-slots" in given:
         args += ["--slots-endpoint", "false"]
+    if "--kv-unified" in given:
+        args += ["--kv-unified", "true"]
     if "--sleep-idle-seconds" in given:
         args += ["--sleep-idle-s", given["--sleep-idle-seconds"]]
     if "--verbose" in given:

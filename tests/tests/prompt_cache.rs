@@ -183,3 +183,42 @@ async fn a_saturated_engine_spills_the_conversation() {
     let again = served(&metrics(&client, &engines[1 - home].url).await);
     assert_eq!(again, away + 1.0, "it stayed where it spilled");
 }
+
+/// With `kv_unified`, the slots share one KV cache of `ctx_len × n_parallel`
+/// cells: an answer may outgrow `ctx_len` while the others are short, and a
+/// request that would overfill the cache waits for room (never more running
+/// than fit) instead of failing, so every answer runs to its `max_tokens`.
+#[tokio::test]
+async fn a_shared_kv_cache_lets_an_answer_outgrow_a_slot_and_the_rest_wait() {
+    let engine = engine(&["--n-parallel", "4", "--ctx-len", "64", "--kv-unified", "true"]);
+    let client = client();
+    let url = format!("{}/v1/completions", engine.url);
+    // Each reserves its prompt and 80 tokens, more than a slot's 64: three fit
+    // in the 256 cells, the fourth waits. `<eos>` and `<end_of_turn>` are banned.
+    let body = json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 80,
+                      "logit_bias": {"1": -100, "106": -100}});
+    let requests = (0..4).map(|_| {
+        let (client, url, body) = (client.clone(), url.clone(), body.clone());
+        tokio::spawn(async move { post(&client, &url, &body).await })
+    });
+    let requests: Vec<_> = requests.collect();
+    let mut most_busy = 0;
+    let slots = format!("{}/slots", engine.url);
+    while !requests.iter().all(tokio::task::JoinHandle::is_finished) {
+        let (_, listed) = get(&client, &slots).await;
+        let busy = listed
+            .as_array()
+            .map_or(0, |s| s.iter().filter(|s| s["is_processing"] == Value::Bool(true)).count());
+        most_busy = most_busy.max(busy);
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    for request in requests {
+        let (status, answer) = request.await.unwrap();
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["usage"]["completion_tokens"], 80, "{answer}");
+        assert_eq!(answer["choices"][0]["finish_reason"], "length", "{answer}");
+    }
+    assert!((2..=3).contains(&most_busy), "{most_busy} slots ran at once; 3 fit the cache");
+    let (_, props) = get(&client, &format!("{}/props", engine.url)).await;
+    assert_eq!(props["default_generation_settings"]["n_ctx"], 256, "{props}");
+}

@@ -43,10 +43,9 @@ impl NativeRequest {
             Some(n) if n > 0 => Some(bound(n)),
             _ => None,
         };
-        Ok(match (asked, server) {
-            (Some(a), Some(s)) => Some(a.min(s)),
-            (a, s) => a.or(s),
-        })
+        // The request's own wins, as llama-server takes it; the server's is
+        // the default.
+        Ok(asked.or(server))
     }
 
     /// The text completion it means, less its `logit_bias`, which
@@ -197,11 +196,11 @@ mod tests {
         assert_eq!(max(json!({"prompt": "a", "n_predict": 8}), -1).unwrap(), Some(8));
         let err = max(json!({"prompt": "a", "n_predict": 0}), -1).unwrap_err();
         assert_eq!(err.param.as_deref(), Some("n_predict"));
-        // The server's own bound: the default, and the most.
+        // The server's own: the default, which a request's own overrides.
         assert_eq!(max(json!({"prompt": "a"}), 64).unwrap(), Some(64));
         assert_eq!(max(json!({"prompt": "a", "n_predict": -1}), 64).unwrap(), Some(64));
         assert_eq!(max(json!({"prompt": "a", "n_predict": 8}), 64).unwrap(), Some(8));
-        assert_eq!(max(json!({"prompt": "a", "n_predict": 100}), 64).unwrap(), Some(64));
+        assert_eq!(max(json!({"prompt": "a", "n_predict": 100}), 64).unwrap(), Some(100));
     }
 
     #[test]

@@ -31,6 +31,14 @@ pub struct ModelSettings {
     /// Number of slots: requests decoded together.
     #[arg(long, default_value_t = 4)]
     pub n_parallel: u32,
+    /// One KV cache of `ctx_len × n_parallel` tokens shared by every slot
+    /// (llama-server's `--kv-unified`): a slot's sequence may then grow to the
+    /// whole of it while the others are short. A request is admitted when its
+    /// prompt and `max_tokens` (the rest of the cache when it sets none) fit
+    /// beside what the running ones reserved; otherwise it waits in the queue,
+    /// and idle slots' caches give way. Off: each slot has `ctx_len` of its own.
+    #[arg(long, default_value_t = false, action = ArgAction::Set)]
+    pub kv_unified: bool,
     /// Admit new requests while others are still reading their prompts.
     #[arg(long, default_value_t = true, action = ArgAction::Set)]
     pub cont_batching: bool,
@@ -123,6 +131,16 @@ pub enum TemplateChoice {
 }
 
 impl ModelSettings {
+    /// The most tokens one slot's sequence may hold: `ctx_len`, or the whole
+    /// shared cache with `kv_unified`.
+    pub fn seq_len(&self) -> u32 {
+        if self.kv_unified {
+            self.ctx_len.saturating_mul(self.n_parallel)
+        } else {
+            self.ctx_len
+        }
+    }
+
     /// Checks every field; the error names the field and the reason.
     pub fn validate(&self) -> Result<(), EngineError> {
         let bad =

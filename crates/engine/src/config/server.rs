@@ -73,9 +73,9 @@ pub struct ServerSettings {
     /// headers at all (llama-server allows every origin unless told otherwise).
     #[arg(long, value_delimiter = ',')]
     pub cors_origins: Vec<String>,
-    /// The most tokens a `/completion` may generate, and what it generates when
-    /// it sets no `n_predict` (llama-server's `--n-predict`); -1: until the
-    /// context is full.
+    /// How many tokens a `/completion` that sets no `n_predict` generates
+    /// (llama-server's `--n-predict`; a request's own wins, as there); -1:
+    /// until the context is full.
     #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
     pub n_predict: i64,
     /// The temperature of requests that send none (llama-server's `--temp`).

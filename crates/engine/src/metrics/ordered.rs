@@ -41,7 +41,7 @@ pub fn ordered(text: &str) -> String {
 fn family_name(line: &str) -> &str {
     let rest =
         line.strip_prefix("# HELP ").or_else(|| line.strip_prefix("# TYPE ")).unwrap_or(line);
-    rest.split(|c: char| c == ' ' || c == '{').next().unwrap_or(rest)
+    rest.split([' ', '{']).next().unwrap_or(rest)
 }
 
 /// A sample's labels less the bucket's or quantile's bound.

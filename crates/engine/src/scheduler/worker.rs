@@ -358,7 +358,10 @@ impl Worker {
             metrics::gauge!(m::QUEUE_DEPTH, "model" => model.id.clone())
                 .set(model.queue_depth as f64);
             // The same, as vLLM names them, for schedulers that read vLLM's.
-            let cells: u64 = model.slots.iter().map(|s| u64::from(s.n_ctx)).sum();
+            // A shared cache's slots each show the whole of it.
+            let per_slot = model.slots.iter().map(|s| u64::from(s.n_ctx));
+            let cells =
+                if model.info.kv_unified { per_slot.max().unwrap_or(0) } else { per_slot.sum() };
             let used: u64 = model.slots.iter().filter_map(|s| s.n_cached).map(u64::from).sum();
             let name = || ("model_name", model.id.clone());
             metrics::gauge!(m::VLLM_RUNNING, &[name()]).set(busy as f64);

@@ -7,7 +7,7 @@ use llama_cpp_2::context::session::{LlamaStateSeqFlags, SeqState};
 use llama_cpp_2::token::LlamaToken;
 use slotgate_protocol::ApiError;
 
-use super::{Loaded, ModelRuntime};
+use super::{kv_pool, Loaded, ModelRuntime};
 use crate::metrics as m;
 use crate::scheduler::host_cache::HostCache;
 use crate::scheduler::job::{Event, Outbox, PromptProgress, Task};
@@ -88,9 +88,42 @@ impl ModelRuntime {
             let Some((i, pick)) = pick_slot(&self.slots, &next.prompt, salt, similarity) else {
                 return;
             };
+            if self.settings.kv_unified && !self.room_in_pool(i) {
+                return;
+            }
             let Some(task) = self.queue.pop_front() else { return };
             self.start(i, pick, task, step_no, outbox);
         }
+    }
+
+    /// Whether the task at the head of the queue fits the shared KV cache in
+    /// slot `chosen`, once the idle caches that must give way have gone (to
+    /// the host cache); false leaves it waiting (see `kv_pool`).
+    fn room_in_pool(&mut self, chosen: usize) -> bool {
+        let pool = self.settings.seq_len() as usize;
+        let reserve = |t: &Task| kv_pool::reservation(t.prompt.len(), t.params.max_tokens, pool);
+        let Some(next) = self.queue.front() else { return false };
+        let need = reserve(next);
+        let held: Vec<kv_pool::Held> = self
+            .slots
+            .iter()
+            .map(|s| kv_pool::Held {
+                reserved: s.running.as_ref().map(|r| reserve(&r.task)),
+                cached: s.cache.len(),
+                last_used: s.last_used,
+            })
+            .collect();
+        let Some(dropped) = kv_pool::make_room(pool, need, &held, chosen) else { return false };
+        for i in dropped {
+            let slot = &mut self.slots[i];
+            Self::save_to_host(&mut self.loaded, &mut self.host_cache, slot, &self.id);
+            self.loaded.with_dependent_mut(|_, c| {
+                let _ = c.gen.clear_kv_cache_seq(Some(slot.id), None, None);
+            });
+            slot.cache.clear();
+            tracing::debug!(model = %self.id, slot = slot.id, "idle cache gave way in the shared KV cache");
+        }
+        true
     }
 
     /// Puts `task` in slot `i`, keeping the longest cached prefix of its prompt:

@@ -54,7 +54,7 @@ impl ModelRuntime {
         }
         let mut generated = 0u64;
         let model =
-            Sampled { model: loaded.borrow_owner(), ctx_len: settings.ctx_len as usize, id };
+            Sampled { model: loaded.borrow_owner(), ctx_len: settings.seq_len() as usize, id };
         for slot in slots.iter_mut() {
             let Some(run) = slot.running.as_mut() else { continue };
             let Some(at) = run.logits_at else { continue };
@@ -96,7 +96,7 @@ impl ModelRuntime {
             }
             metrics::counter!(m::GENERATED_TOKENS, "model" => id.clone()).increment(1);
             let model =
-                Sampled { model: loaded.borrow_owner(), ctx_len: settings.ctx_len as usize, id };
+                Sampled { model: loaded.borrow_owner(), ctx_len: settings.seq_len() as usize, id };
             model.settle(slot, drawn, outbox);
         }
         // The model is let go of here, on the scheduler thread.

@@ -6,6 +6,7 @@
 
 mod admission;
 mod decode;
+mod kv_pool;
 mod prompt;
 mod reader;
 mod slot_file;
@@ -56,8 +57,10 @@ self_cell::self_cell!(
 pub struct ModelInfo {
     /// The GGUF file.
     pub path: String,
-    /// Tokens of context per slot.
+    /// Tokens of context one slot's sequence may hold.
     pub ctx_len: u32,
+    /// Whether the slots share one KV cache (`kv_unified`).
+    pub kv_unified: bool,
     /// Slots.
     pub n_parallel: u32,
     /// Most choices one request may ask for: its slots and queue together.
@@ -146,7 +149,8 @@ impl ModelRuntime {
                 .map_err(load_err)?;
         let info = std::sync::Arc::new(ModelInfo {
             path: path.display().to_string(),
-            ctx_len: settings.ctx_len,
+            ctx_len: settings.seq_len(),
+            kv_unified: settings.kv_unified,
             n_parallel: settings.n_parallel,
             max_choices: settings.n_parallel.saturating_add(settings.queue_size),
             embedding: settings.embedding || settings.reranking,
@@ -154,7 +158,7 @@ impl ModelRuntime {
             pooling: settings.pooling,
             template_name: template.name().to_owned(),
             aliases: settings.aliases.clone(),
-            meta: meta(&model, settings.ctx_len),
+            meta: meta(&model, settings.seq_len()),
             tool_format: jinja
                 .as_ref()
                 .and_then(|j| crate::tools::CallFormat::of_template(j.source())),
@@ -172,7 +176,7 @@ impl ModelRuntime {
             model.clone(),
             template.clone(),
             jinja,
-            settings.ctx_len,
+            (settings.seq_len(), settings.ctx_len),
         ));
         // Contexts are created one after the other: creating two from one model at
         // once is unsound in llama.cpp.
@@ -289,7 +293,7 @@ impl ModelRuntime {
             .map(|s| SlotStatus {
                 id: s.id,
                 id_task: s.running.as_ref().map_or(-1, |r| r.task.id as i64),
-                n_ctx: self.settings.ctx_len,
+                n_ctx: self.settings.seq_len(),
                 is_processing: s.running.is_some(),
                 model: Some(self.id.clone()),
                 n_cached: Some(s.cache.len() as u32),
@@ -327,6 +331,7 @@ fn context_params(settings: &ModelSettings) -> LlamaContextParams {
     LlamaContextParams::default()
         .with_n_ctx(NonZeroU32::new(settings.ctx_len * n_parallel))
         .with_n_seq_max(n_parallel)
+        .with_kv_unified(settings.kv_unified)
         .with_n_batch(settings.batch_size)
         .with_n_ubatch(settings.batch_size)
         .with_n_threads(threads)

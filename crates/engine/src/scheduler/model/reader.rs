@@ -33,7 +33,9 @@ pub struct Reader {
     template: ChatTemplate,
     /// The compiled template, when `template` is `Jinja`.
     jinja: Option<JinjaTemplate>,
-    /// Tokens of context per slot.
+    /// Tokens one slot's sequence may hold: a prompt's bound.
+    seq_len: usize,
+    /// Tokens of the embedding context: an embedding input's bound.
     ctx_len: usize,
     n_vocab: i32,
     /// Bytes of the vocabulary's longest piece: a text longer than `ctx_len`
@@ -68,7 +70,7 @@ impl Reader {
         model: Arc<LlamaModel>,
         template: ChatTemplate,
         jinja: Option<JinjaTemplate>,
-        ctx_len: u32,
+        (seq_len, ctx_len): (u32, u32),
     ) -> Self {
         let vocab = model.vocab();
         let n_vocab = model.n_vocab();
@@ -80,7 +82,8 @@ impl Reader {
                 eog.push(token.0);
             }
         }
-        Self { model, template, jinja, ctx_len: ctx_len as usize, n_vocab, longest_piece, eog }
+        let (seq_len, ctx_len) = (seq_len as usize, ctx_len as usize);
+        Self { model, template, jinja, seq_len, ctx_len, n_vocab, longest_piece, eog }
     }
 
     /// With `ignore_eos`, bans the end-of-generation tokens by `logit_bias`
@@ -223,7 +226,7 @@ impl Reader {
                         self.ctx_len,
                         self.longest_piece
                     );
-                    return Err(self.too_long(message, &param(i), None));
+                    return Err(self.too_long(message, &param(i), None, self.ctx_len));
                 }
                 PromptItem::Text(_) | PromptItem::Mixed(_) => {}
                 PromptItem::Tokens(ids) => self.fits_embedding(ids.len(), &param(i))?,
@@ -252,19 +255,25 @@ impl Reader {
             "{param} has {tokens} tokens, but the context holds {} (ctx_len)",
             self.ctx_len
         );
-        Err(self.too_long(message, param, Some(tokens)))
+        Err(self.too_long(message, param, Some(tokens), self.ctx_len))
     }
 
     /// The refusal of an input too long for the context, naming `param`, with
     /// its token count when known.
-    fn too_long(&self, message: String, param: &str, tokens: Option<usize>) -> ApiError {
+    fn too_long(
+        &self,
+        message: String,
+        param: &str,
+        tokens: Option<usize>,
+        limit: usize,
+    ) -> ApiError {
         let err = ApiError::new(ErrorType::ExceedContextSizeError, message)
             .with_param(param)
             .with_code("context_length_exceeded");
         match tokens {
             Some(tokens) => err.with_context(
                 u32::try_from(tokens).unwrap_or(u32::MAX),
-                u32::try_from(self.ctx_len).unwrap_or(u32::MAX),
+                u32::try_from(limit).unwrap_or(u32::MAX),
             ),
             None => err,
         }
@@ -272,16 +281,16 @@ impl Reader {
 
     /// Refuses a text of `bytes` that cannot fit a slot whatever its tokens.
     fn fits_bytes(&self, bytes: usize, which: Option<usize>, param: &str) -> Result<(), ApiError> {
-        if bytes <= self.ctx_len.saturating_mul(self.longest_piece) {
+        if bytes <= self.seq_len.saturating_mul(self.longest_piece) {
             return Ok(());
         }
         let which = which.map_or("the prompt".into(), |i| format!("prompt {i}"));
         let message = format!(
             "{which} is {bytes} bytes, more than a slot's context of {} tokens can hold (at most \
              {} bytes a token); shorten the prompt or start the engine with a larger ctx_len",
-            self.ctx_len, self.longest_piece
+            self.seq_len, self.longest_piece
         );
-        Err(self.too_long(message, param, None))
+        Err(self.too_long(message, param, None, self.seq_len))
     }
 
     /// Refuses a prompt of `tokens` that does not fit a slot.
@@ -291,16 +300,16 @@ impl Reader {
         which: Option<usize>,
         param: &str,
     ) -> Result<(), ApiError> {
-        if tokens < self.ctx_len {
+        if tokens < self.seq_len {
             return Ok(());
         }
         let which = which.map_or("the prompt".into(), |i| format!("prompt {i}"));
         let message = format!(
             "{which} has {tokens} tokens, but a slot's context holds {} (ctx_len); shorten the \
              prompt or start the engine with a larger ctx_len",
-            self.ctx_len
+            self.seq_len
         );
-        Err(self.too_long(message, param, Some(tokens)))
+        Err(self.too_long(message, param, Some(tokens), self.seq_len))
     }
 
     /// The prompt a conversation becomes with this model's template.

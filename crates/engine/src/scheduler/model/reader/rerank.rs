@@ -27,7 +27,7 @@ impl Reader {
                      can hold",
                     self.ctx_len
                 );
-                return Err(self.too_long(message, &param, None));
+                return Err(self.too_long(message, &param, None, self.ctx_len));
             }
         }
         let template = self.model.meta_val_str("tokenizer.chat_template.rerank").ok();
