@@ -820,3 +820,74 @@ async fn native_embeddings_in_llama_servers_shape_and_per_token_without_pooling(
     }
     assert_ne!(per_token[0], per_token[1]);
 }
+
+/// A stream asked for with `X-Conversation-Id` is kept and runs to its end
+/// after its client goes away; `GET /v1/stream` sends it again from any byte
+/// offset and `DELETE` forgets it (llama-server's resumable streams).
+#[tokio::test]
+async fn a_kept_stream_outlives_its_client_and_replays_from_any_offset() {
+    let engine = engine(&["--n-parallel", "1", "--ctx-len", "512"]);
+    let client = client();
+    let id = "conv/with slashes::1";
+    let body = json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 40,
+                      "stream": true, "logit_bias": {"1": -100, "106": -100}});
+    let response = client
+        .post(format!("{}/v1/completions", engine.url))
+        .header("X-Conversation-Id", id)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    // Read the first chunk, then go away, as a reloaded page does.
+    let mut chunks = response.bytes_stream();
+    let first = futures::StreamExt::next(&mut chunks).await.unwrap().unwrap();
+    drop(chunks);
+    let stream = |query: String| {
+        let url = format!("{}/v1/stream?{query}", engine.url);
+        let client = client.clone();
+        async move {
+            let response = client.get(url).send().await.unwrap();
+            (response.status().as_u16(), response.text().await.unwrap())
+        }
+    };
+    let q = |from: usize| format!("conv_id={}&from={from}", urlencode(id));
+    let (status, whole) = stream(q(0)).await;
+    assert_eq!(status, 200, "{whole}");
+    assert!(whole.as_bytes().starts_with(&first), "the replay starts where the stream did");
+    assert!(whole.trim_end().ends_with("data: [DONE]"), "it ran to its end: {whole}");
+    let texts: usize = whole
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter(|c| c["choices"][0]["text"].is_string())
+        .count();
+    assert!(texts >= 10, "{texts} chunks of text: {whole}");
+    let (status, tail) = stream(q(first.len())).await;
+    assert_eq!((status, tail.as_str()), (200, &whole[first.len()..]));
+
+    let (status, refused) = stream(format!("conv_id={}", "x".repeat(300))).await;
+    assert_eq!(status, 400, "{refused}");
+    let deleted = client
+        .delete(format!("{}/v1/stream?conv_id={}", engine.url, urlencode(id)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 204);
+    assert_eq!(stream(q(0)).await.0, 404, "forgotten");
+}
+
+/// `s` with every byte but letters and digits percent-encoded.
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(
+            |b| {
+                if b.is_ascii_alphanumeric() {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            },
+        )
+        .collect()
+}

@@ -20,6 +20,7 @@ mod recorded;
 mod rerank;
 mod responses;
 mod restream;
+mod resumable;
 mod slot_files;
 mod stored;
 mod tokens;
@@ -65,6 +66,8 @@ pub struct AppState {
     pub cors: Arc<slotgate_http::cors::Cors>,
     /// How requests sample where they send nothing (llama-server's `--temp`...).
     pub sampling: Arc<crate::scheduler::GenParams>,
+    /// Streams kept under their conversation id (`/v1/stream`).
+    pub streams: Arc<resumable::Sessions>,
 }
 
 /// The engine's routes.
@@ -97,7 +100,8 @@ pub fn router(state: AppState) -> Router {
         .route("/completion", post(native::completion))
         .route("/responses", post(responses::create))
         .route("/responses/input_tokens", post(responses::input_tokens))
-        .route_layer(axum::middleware::from_fn(recorded::record));
+        .route_layer(axum::middleware::from_fn(recorded::record))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), resumable::keep));
     let keyed = Router::new()
         .merge(generation)
         .route("/v1/responses/{id}", get(responses::get).delete(responses::delete))
@@ -111,6 +115,7 @@ pub fn router(state: AppState) -> Router {
         .route("/slots", get(admin::slots))
         .route("/slots/{id}", post(slot_files::slot_action))
         .route("/slots/events", get(events::slot_events))
+        .route("/v1/stream", get(resumable::replay).delete(resumable::stop))
         .route("/props", get(admin::props))
         .route("/metrics", get(admin::metrics));
     // Vertex AI's prediction route, where its variables ask for one.
@@ -223,6 +228,7 @@ pub async fn serve(
         draining: draining.clone(),
         followers: Arc::default(),
         responses: Arc::default(),
+        streams: Arc::default(),
     };
     let app = router(state);
     let signal = draining.clone();
