@@ -47,6 +47,14 @@ pub const KEY_REFUSALS: &str = "slotgate_key_refusals_total";
 pub const REDIS_UP: &str = "slotgate_limits_redis_up";
 /// Requests refused because backends died under them twice (counter).
 pub const POISON: &str = "slotgate_poison_requests_total";
+/// Streams that went on at another backend (counter; `reason`: died, stalled).
+pub const RESUMES: &str = "slotgate_stream_resumes_total";
+/// The silence a client of a resumed stream saw, from the loss of its backend
+/// (or the start of its silence) to the next backend's first byte (histogram).
+pub const RESUME_GAP: &str = "slotgate_stream_resume_gap_seconds";
+/// Answer tokens a resumed stream's next backend read instead of sampling
+/// (counter): what moving recomputes beside the prompt.
+pub const RESUMED_TOKENS: &str = "slotgate_stream_resumed_tokens_total";
 /// Open client connections of each worker thread (gauge; `worker`, bounded by
 /// the configured worker count).
 pub const WORKER_CONNECTIONS: &str = "slotgate_worker_connections";
@@ -97,6 +105,21 @@ const DESCRIBED: &[(&str, Kind, &str)] = &[
     ),
     (WORKER_CONNECTIONS, Kind::Gauge, "Open client connections of each worker thread."),
     (POISON, Kind::Counter, "Requests answered 502 because two backends died while serving them."),
+    (
+        RESUMES,
+        Kind::Counter,
+        "Streams that went on at another backend, by reason: died or stalled.",
+    ),
+    (
+        RESUME_GAP,
+        Kind::Histogram,
+        "Silence a resumed stream's client saw while it moved to another backend, in seconds.",
+    ),
+    (
+        RESUMED_TOKENS,
+        Kind::Counter,
+        "Answer tokens that resumed streams carried to their next backend.",
+    ),
 ];
 
 /// The `api` label of a request by the path it is forwarded to: which client

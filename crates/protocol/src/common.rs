@@ -186,6 +186,10 @@ pub struct Sampling {
     /// carries the `timings` so far.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timings_per_token: Option<bool>,
+    /// slotgate's own: go on with a stream that another engine began
+    /// ([`crate::resume`]). The gateway sends it; clients have no use for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slotgate_resume: Option<crate::resume::Resume>,
 }
 
 impl Sampling {

@@ -16,6 +16,7 @@ pub mod models;
 pub mod native;
 pub mod parse;
 pub mod responses;
+pub mod resume;
 pub mod slots;
 pub mod sse;
 pub mod tokens;

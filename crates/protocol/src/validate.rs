@@ -92,6 +92,9 @@ impl Sampling {
         if let Some(bias) = &self.logit_bias {
             bias.check_openai()?;
         }
+        if let Some(resume) = &self.slotgate_resume {
+            resume.validate(self.is_stream())?;
+        }
         Ok(())
     }
 }

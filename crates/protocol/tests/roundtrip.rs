@@ -94,6 +94,7 @@ fn sampling() -> impl Strategy<Value = Sampling> {
                 return_progress: None,
                 post_sampling_probs: None,
                 timings_per_token: None,
+                slotgate_resume: None,
             }
         })
 }

@@ -3,6 +3,9 @@
 
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::sampling::LlamaSampler;
+use llama_cpp_2::token::data::LlamaTokenData;
+use llama_cpp_2::token::data_array::LlamaTokenDataArray;
+use llama_cpp_2::token::LlamaToken;
 use slotgate_protocol::ApiError;
 
 /// A grammar compiled by llama.cpp, never used to sample: each choice samples
@@ -17,6 +20,22 @@ impl Grammar {
     /// A fresh copy, in the grammar's first state, for one choice to sample with.
     pub(crate) fn copy(&self) -> LlamaSampler {
         self.0.clone()
+    }
+
+    /// Moves the grammar over `tokens`, as if a choice had sampled them (a
+    /// resumed answer's); `Err(i)` names the first it forbids. Each is checked
+    /// before it is accepted: llama.cpp aborts on a forbidden one.
+    pub(crate) fn advance(&mut self, tokens: &[LlamaToken]) -> Result<(), usize> {
+        for (i, &token) in tokens.iter().enumerate() {
+            let mut one =
+                LlamaTokenDataArray::new(vec![LlamaTokenData::new(token, 1.0, 0.0)], false);
+            self.0.apply(&mut one);
+            if !one.data[0].logit().is_finite() {
+                return Err(i);
+            }
+            self.0.accept(token);
+        }
+        Ok(())
     }
 }
 

@@ -102,6 +102,8 @@ pub struct GenParams {
     /// Each text event carries the choice's counts and times so far
     /// (llama-server's `timings_per_token`).
     pub timings_per_token: bool,
+    /// Where a stream that began on another engine goes on from.
+    pub resume: Option<slotgate_protocol::resume::Resume>,
 }
 
 impl Default for GenParams {
@@ -129,6 +131,7 @@ impl Default for GenParams {
             return_progress: false,
             post_sampling_probs: false,
             timings_per_token: false,
+            resume: None,
         }
     }
 }
@@ -163,6 +166,7 @@ impl GenParams {
             return_progress: sampling.return_progress.unwrap_or(false),
             post_sampling_probs: sampling.post_sampling_probs.unwrap_or(false),
             timings_per_token: sampling.timings_per_token.unwrap_or(false),
+            resume: sampling.slotgate_resume.clone(),
         }
     }
 }
@@ -228,6 +232,15 @@ pub enum Event {
         /// (`timings_per_token`).
         so_far: Option<ChoiceUsage>,
     },
+    /// The text of the tokens a resumed choice began with, which its client
+    /// already has: a writer reads it to stand where the first engine stood,
+    /// and sends nothing for it.
+    Replayed {
+        /// The choice.
+        index: ChoiceIndex,
+        /// The text those tokens made, as the client got it.
+        text: String,
+    },
     /// Choice `index` is complete.
     Done {
         /// The choice.
@@ -281,6 +294,8 @@ pub struct Job {
     pub events: mpsc::UnboundedSender<Event>,
     /// The gateway replica that sent it (`x-slotgate-replica`), if one said.
     pub replica: Option<Arc<str>>,
+    /// Of a resumed stream: the answer so far, read after its one prompt.
+    pub replay: Option<super::model::Replay>,
 }
 
 /// One choice of a job, waiting for or running in a slot.
@@ -306,6 +321,8 @@ pub(crate) struct Task {
     pub enqueued: Instant,
     /// The gateway replica that sent the job, if one said.
     pub replica: Option<Arc<str>>,
+    /// Of a resumed stream: the answer so far, whose tokens end `prompt`.
+    pub replay: Option<Box<super::model::Replay>>,
 }
 
 impl Task {

@@ -333,6 +333,7 @@ impl Scheduler {
     ) -> (Job, mpsc::UnboundedReceiver<Event>) {
         let (events, rx) = mpsc::unbounded_channel();
         let grammar = read.grammar.map(Arc::new);
-        (Job { model, prompts: read.prompts, params, grammar, events, replica }, rx)
+        let replay = read.replay;
+        (Job { model, prompts: read.prompts, params, grammar, events, replica, replay }, rx)
     }
 }

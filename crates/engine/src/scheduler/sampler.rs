@@ -60,6 +60,15 @@ impl ChoiceSampler {
         Self { chain: LlamaSampler::greedy(), grammar: None, logprobs: None, post_sampling: false }
     }
 
+    /// Feeds the penalties the last tokens of a resumed answer, as if this
+    /// sampler had drawn them (the grammar has them already).
+    pub fn recall(&mut self, tokens: &[LlamaToken]) {
+        let from = tokens.len().saturating_sub(PENALTY_LAST_N as usize);
+        for &token in &tokens[from..] {
+            self.chain.accept(token);
+        }
+    }
+
     /// Whether a draw needs every logit in hand (a grammar, or log
     /// probabilities): such draws are made beside the loop ([`super::aside`]).
     pub fn needs_logits(&self) -> bool {

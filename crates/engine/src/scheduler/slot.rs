@@ -27,8 +27,10 @@ pub(crate) struct Running {
     pub n_prompt_done: usize,
     /// Prompt tokens that were already in the cache.
     pub cached: usize,
-    /// Tokens sampled so far.
+    /// Tokens sampled so far, a resumed answer's first ones included.
     pub generated: u32,
+    /// Tokens at the end of the prompt that are a resumed answer's.
+    pub answered: u32,
     /// The last sampled token, to be decoded in the next step.
     pub next: Option<LlamaToken>,
     /// Index in the current batch of this slot's logits, if it asked for any.
@@ -47,9 +49,10 @@ impl Running {
     pub fn usage(&self, slot: u32) -> ChoiceUsage {
         let now = Instant::now();
         let first = self.first_token.unwrap_or(now);
+        let prompt_tokens = self.task.prompt.len() as u32 - self.answered;
         ChoiceUsage {
-            prompt_tokens: self.task.prompt.len() as u32,
-            cached_tokens: self.cached as u32,
+            prompt_tokens,
+            cached_tokens: (self.cached as u32).min(prompt_tokens),
             completion_tokens: self.generated,
             slot,
             prompt_time: first.saturating_duration_since(self.admitted),
@@ -247,6 +250,7 @@ mod tests {
             events,
             enqueued: Instant::now(),
             replica: None,
+            replay: None,
         };
         Running {
             task,
@@ -257,6 +261,7 @@ mod tests {
             n_prompt_done: 0,
             cached: 0,
             generated: 0,
+            answered: 0,
             next: None,
             logits_at: None,
             admitted: Instant::now(),

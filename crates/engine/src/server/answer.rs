@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures::stream::{self, Stream, StreamExt};
 use slotgate_protocol::native::Timings;
-use slotgate_protocol::{sse, ApiError, FinishReason, TokenLogprob, Usage};
+use slotgate_protocol::{resume, sse, ApiError, FinishReason, TokenLogprob, Usage};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::scheduler::{ChoiceUsage, Event, PromptProgress};
@@ -99,6 +99,9 @@ pub struct Streamed {
     pub keepalive: Option<Duration>,
     /// A last chunk with the usage (`stream_options.include_usage`).
     pub include_usage: bool,
+    /// Each write ends with a mark of the tokens it carries, for a gateway
+    /// that may resume the stream elsewhere ([`slotgate_protocol::resume`]).
+    pub mark: bool,
 }
 
 /// The comment sent while a stream waits for its first event: clients skip
@@ -114,6 +117,7 @@ struct StreamState<W> {
     writer: W,
     shape: Shape,
     include_usage: bool,
+    mark: bool,
     opened: Vec<bool>,
     /// Characters of text sent per choice.
     sent: Vec<u32>,
@@ -141,6 +145,7 @@ pub fn stream<W: ChunkWriter>(
         writer,
         shape,
         include_usage: options.include_usage,
+        mark: options.mark,
         opened: vec![false; shape.choices as usize],
         sent: vec![0; shape.choices as usize],
         done: 0,
@@ -154,14 +159,14 @@ pub fn stream<W: ChunkWriter>(
         if !s.started {
             // Opened before the first event: say so at once, then every interval.
             s.started = true;
-            return Some((KEEPALIVE.to_owned(), s));
+            return Some((s.keepalive(), s));
         }
         let event = match s.pending.take() {
             Some(e) => Some(e),
             None => match s.keepalive.filter(|_| !s.opened.iter().any(|o| *o) && s.done == 0) {
                 Some(wait) => match tokio::time::timeout(wait, s.rx.recv()).await {
                     Ok(event) => event,
-                    Err(_) => return Some((KEEPALIVE.to_owned(), s)),
+                    Err(_) => return Some((s.keepalive(), s)),
                 },
                 None => s.rx.recv().await,
             },
@@ -170,13 +175,52 @@ pub fn stream<W: ChunkWriter>(
         Some((out, s))
     })
     .map(|chunk: String| Ok::<_, Infallible>(Bytes::from(chunk)));
-    sse_response(body)
+    let mut response = sse_response(body);
+    if options.mark {
+        // Says that the marks asked for come: a gateway follows them only then.
+        let name = axum::http::HeaderName::from_static(resume::MARK_HEADER);
+        response.headers_mut().insert(name, axum::http::HeaderValue::from_static("1"));
+    }
+    response
 }
 
 impl<W: ChunkWriter> StreamState<W> {
+    /// A keep-alive comment, marked as carrying no tokens.
+    fn keepalive(&self) -> String {
+        let mut out = KEEPALIVE.to_owned();
+        if self.mark {
+            out.push_str(resume::NOTHING_MARK);
+        }
+        out
+    }
+
+    /// The chunks of one event, then its mark when the stream is marked.
     fn write(&mut self, event: Option<Event>) -> String {
+        let mark = match &event {
+            Some(Event::Text { index, tokens, .. }) => resume::mark(index.flat(), tokens),
+            Some(Event::Done { index, .. }) => resume::end_mark(index.flat()),
+            _ => resume::NOTHING_MARK.to_owned(),
+        };
+        let mut out = self.chunks(event);
+        if self.mark {
+            out.push_str(&mark);
+        }
+        out
+    }
+
+    fn chunks(&mut self, event: Option<Event>) -> String {
         let mut out = String::new();
         match event {
+            Some(Event::Replayed { index: choice, text }) => {
+                // What the client has already: read, so that the writer stands
+                // where the first engine's did, and not sent.
+                let index = choice.flat();
+                self.open(index, &mut String::new());
+                if let Some(sent) = self.sent.get_mut(index as usize) {
+                    *sent += text.chars().count() as u32;
+                }
+                let _ = self.writer.text(index, Piece { text, ..Piece::default() });
+            }
             Some(Event::Text { index: choice, text, logprobs, tokens, so_far }) => {
                 let index = choice.flat();
                 self.open(index, &mut out);

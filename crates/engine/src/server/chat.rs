@@ -22,7 +22,7 @@ use slotgate_protocol::{
 use super::answer::{self, ChunkWriter, Ending, Piece, Shape};
 use super::body::JsonBody;
 use super::chat_job::{self, ChatJob};
-use super::generate::{now, resolve_model, run, streamed, PromptTokens};
+use super::generate::{resolve_model, run, stream_id, streamed, PromptTokens};
 use super::AppState;
 use crate::error::EngineError;
 use crate::scheduler::{GenParams, PromptProgress, Served};
@@ -64,9 +64,9 @@ pub(super) async fn respond_by(
     let ChatJob { input, params, plan } = chat_job::read(&mut req, &served, &state)?;
     let shape = Shape { choices: params.n };
     let held = Mutex::new(vec![Held::default(); shape.choices as usize]);
-    let (id, created, model) = (crate::ids::next("chatcmpl"), now(), req.model);
+    let ((id, created), model) = (stream_id(&req.sampling, "chatcmpl"), req.model);
     let logprobs = params.logprobs.is_some();
-    let streamed = streamed(&state, &req.sampling);
+    let streamed = streamed(&state, &req.sampling, headers);
     // llama-server's `__verbose`, on whole answers only, as there.
     let verbose = req.sampling.verbose.unwrap_or(state.config.server.verbose) && streamed.is_none();
     let verbose = verbose.then(|| params.clone());

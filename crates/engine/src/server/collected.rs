@@ -162,8 +162,9 @@ pub async fn collect(
                 usage.add(index, u);
                 done += 1;
             }
-            // Only a stream reports how far its prompt is read.
-            Event::Progress { .. } => {}
+            // Only a stream reports how far its prompt is read, and only a
+            // stream is resumed.
+            Event::Progress { .. } | Event::Replayed { .. } => {}
             Event::Error(err) => return Err(err),
         }
     }

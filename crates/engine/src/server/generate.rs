@@ -159,13 +159,14 @@ pub async fn completions(
     let params = completion_params(&req, Some(max_tokens), &state.sampling)?;
     let items = req.prompt.items();
     let shape = Shape { choices: items.len() as u32 * params.n };
+    let (id, created) = stream_id(&req.sampling, "cmpl");
     let writer = CompletionChunks {
-        id: crate::ids::next("cmpl"),
-        created: now(),
+        id,
+        created,
         model: req.model.clone(),
         logprobs: params.logprobs.is_some(),
     };
-    let streamed = streamed(&state, &req.sampling);
+    let streamed = streamed(&state, &req.sampling, &headers);
     let job = JobInput::Prompts(items);
     let events =
         run(&state, &served, job, params, streamed.is_some(), &headers, false).await?.events;
@@ -215,14 +216,27 @@ pub(super) fn completion_params(
     Ok(params)
 }
 
-/// How a request's answer is streamed, if it asked for a stream.
+/// How a request's answer is streamed, if it asked for a stream: marked with
+/// its tokens when the gateway asks ([`slotgate_protocol::resume`]).
 pub(super) fn streamed(
     state: &AppState,
     sampling: &slotgate_protocol::Sampling,
+    headers: &axum::http::HeaderMap,
 ) -> Option<Streamed> {
-    sampling
-        .is_stream()
-        .then(|| Streamed { keepalive: keepalive(state), include_usage: sampling.include_usage() })
+    sampling.is_stream().then(|| Streamed {
+        keepalive: keepalive(state),
+        include_usage: sampling.include_usage(),
+        mark: headers.contains_key(slotgate_protocol::resume::MARK_HEADER),
+    })
+}
+
+/// A stream's `id` and `created`: those it had on the engine it began on,
+/// when it is resumed; else new ones, the id starting with `prefix`.
+pub(super) fn stream_id(sampling: &slotgate_protocol::Sampling, prefix: &str) -> (String, u64) {
+    match sampling.slotgate_resume.as_ref().filter(|r| !r.id.is_empty()) {
+        Some(resume) => (resume.id.clone(), resume.created),
+        None => (crate::ids::next(prefix), now()),
+    }
 }
 
 struct CompletionChunks {

@@ -60,7 +60,7 @@ pub async fn completion(
         post_sampling: params.post_sampling_probs,
         predicted: Mutex::new(vec![0; shape.choices as usize]),
     };
-    let streamed = streamed(&state, &req.sampling).map(|mut s| {
+    let streamed = streamed(&state, &req.sampling, &headers).map(|mut s| {
         s.include_usage = false;
         s
     });

@@ -45,8 +45,12 @@ pub struct Routing {
     /// failed, as if the backend had died under it.
     pub first_byte_timeout_ms: u64,
     /// How long a streaming backend may send nothing between two chunks; past it
-    /// the stream ends with an error event.
+    /// the backend counts as stalled: ejected, and the stream moves to another
+    /// backend (or, if it cannot, ends with an error event).
     pub chunk_timeout_ms: u64,
+    /// Times one stream may move to another backend when its own dies or
+    /// stalls mid-answer; 0 never moves one.
+    pub max_resumes: u32,
     /// Follow each backend's pushed slot state (`/slots/events`) where it offers
     /// one; off, every backend is polled each `health_interval_ms`.
     pub slot_events: bool,
@@ -69,7 +73,8 @@ impl Default for Routing {
             pool_idle_timeout_ms: 4_000,
             connect_timeout_ms: 2_000,
             first_byte_timeout_ms: 600_000,
-            chunk_timeout_ms: 60_000,
+            chunk_timeout_ms: 15_000,
+            max_resumes: 2,
             slot_events: true,
         }
     }
@@ -93,6 +98,9 @@ impl Routing {
                 "retry_budget",
                 format!("must be between 0 and 10, got {}", self.retry_budget),
             );
+        }
+        if self.max_resumes > 16 {
+            return bad("max_resumes", format!("must be at most 16, got {}", self.max_resumes));
         }
         if self.health_interval_ms < 10 {
             return bad("health_interval_ms", "must be at least 10".into());

@@ -12,9 +12,10 @@ use http_body_util::BodyExt;
 
 use crate::config::error::RETRY_AFTER_SECS;
 use crate::fleet::backend::Backend;
-use crate::fleet::pool::Claim;
+use crate::fleet::pool::{Claim, Wait};
 use crate::proxy::record::Record;
 use crate::proxy::relay::{Dialect, Relay};
+use crate::proxy::resume::{Moving, Request, Resumed};
 use crate::proxy::retry::{Failure, Refusal};
 use crate::proxy::upstream::{Body as UpstreamBody, BodyError, SendError};
 use crate::proxy::{strip, Forwarder, FULL_MARK, REQUEST_ID};
@@ -50,6 +51,10 @@ impl Forwarder {
         if let Some(key) = key {
             extra.push((header::AUTHORIZATION, key.clone()));
         }
+        if send.mark {
+            let mark = HeaderName::from_static(slotgate_protocol::resume::MARK_HEADER);
+            extra.push((mark, HeaderValue::from_static("1")));
+        }
         if let Some(owner) = &send.owner {
             extra.push((HeaderName::from_static(slotgate_protocol::OWNER_HEADER), owner.clone()));
         }
@@ -72,7 +77,7 @@ impl Forwarder {
                 SendError::Stale(_) => Failure::Stale,
             }
         })?;
-        let status = reply.status;
+        let (status, marked) = (reply.status, reply.marked);
         let mut upstream = reply.body;
         if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
             let bytes = tokio::time::timeout_at(deadline, collect(upstream));
@@ -99,12 +104,66 @@ impl Forwarder {
                     _ => return Err(Failure::BeforeFirstByte),
                 }
             };
-            return Ok((status, Answer::Stream { first, upstream, claim }));
+            return Ok((status, Answer::Stream { first, upstream, claim, marked }));
         }
         let bytes =
             tokio::time::timeout_at(deadline, collect(upstream)).await.map_err(|_| silent())?;
         let bytes = bytes.map_err(|_| Failure::BrokenBody)?;
         Ok((status, Answer::Whole(bytes)))
+    }
+}
+
+impl Forwarder {
+    /// Sends a resumed stream's request to a backend of `model` outside
+    /// `exclude` (or, when no other serves it, any), trying as many as a
+    /// request may; the first that streams goes on with it.
+    pub(super) async fn go_on(
+        &self,
+        request: Request,
+        model: &str,
+        wait: Wait,
+        mut exclude: Vec<usize>,
+    ) -> Result<Resumed, String> {
+        let send = Send {
+            path: request.path,
+            headers: &request.headers,
+            body: &request.body,
+            request_id: &request.request_id,
+            pass_key: request.pass_key,
+            owner: request.owner.clone(),
+            mark: true,
+        };
+        let mut last = String::from("no backend took it");
+        for _ in 0..self.retry.max_attempts() {
+            if !self.pool.has_other(model, &exclude) {
+                exclude.clear();
+            }
+            let claim = self
+                .pool
+                .acquire(model, &exclude, None, wait)
+                .await
+                .map_err(|e| e.message.clone())?;
+            let index = claim.backend.index;
+            match self.attempt(claim, &send, true).await {
+                Ok((_, Answer::Stream { first, upstream, claim, marked: true })) => {
+                    return Ok(Resumed { claim, upstream, first })
+                }
+                Ok((_, Answer::Stream { .. })) => {
+                    // Its tokens unmarked, the stream could not be followed.
+                    return Err("the next backend does not mark its stream's tokens".into());
+                }
+                Ok((status, Answer::Whole(bytes))) => {
+                    // The request itself was refused: no other backend takes it either.
+                    let text = String::from_utf8_lossy(&bytes[..bytes.len().min(300)]).into_owned();
+                    return Err(format!("the next backend refused it ({status}): {text}"));
+                }
+                Err(failure) => {
+                    last = format!("the next backend failed ({})", failure.label());
+                    exclude.push(index);
+                }
+            }
+        }
+        Err(last)
     }
 }
 
@@ -118,6 +177,9 @@ pub(super) struct Send<'a> {
     pub pass_key: bool,
     /// Whose a Responses request is (`x-slotgate-owner`).
     pub owner: Option<HeaderValue>,
+    /// Whether a stream is asked to mark its tokens, so that it can move
+    /// ([`super::resume`]).
+    pub mark: bool,
 }
 
 /// What a backend answered.
@@ -126,7 +188,13 @@ pub(super) enum Answer {
     Whole(Bytes),
     /// A stream whose first chunk has arrived; it keeps the claim, and its body
     /// the connection.
-    Stream { first: Bytes, upstream: UpstreamBody, claim: Claim },
+    Stream {
+        first: Bytes,
+        upstream: UpstreamBody,
+        claim: Claim,
+        /// It marks its tokens: it may move to another backend.
+        marked: bool,
+    },
 }
 
 impl Answer {
@@ -136,8 +204,8 @@ impl Answer {
         status: StatusCode,
         mut record: Record,
         strip_usage: bool,
-        silence: Duration,
-        dialect: Dialect,
+        (silence, dialect): (Duration, Dialect),
+        moving: Option<Box<Moving>>,
     ) -> Response {
         record.answered(backend.url(), status.as_u16());
         match self {
@@ -154,9 +222,11 @@ impl Answer {
                 }
                 response
             }
-            Self::Stream { first, upstream, claim } => {
+            Self::Stream { first, upstream, claim, marked } => {
                 let strip = strip_usage.then(strip::UsageStrip::default);
-                let relay = Relay::new(first, upstream, claim, record, strip, (silence, dialect));
+                let moving = moving.filter(|_| marked);
+                let relay =
+                    Relay::new(first, upstream, claim, record, strip, (silence, dialect), moving);
                 let mut response = Response::new(Body::new(relay));
                 *response.status_mut() = status;
                 slotgate_http::event_stream(&mut response);

@@ -10,12 +10,14 @@ mod attempt;
 pub mod bounded;
 pub mod course;
 pub mod ids;
+mod ledger;
 mod peek;
 mod poison;
 mod prepare;
 pub mod recent;
 mod record;
 mod relay;
+mod resume;
 pub mod retry;
 mod strip;
 pub mod upstream;
@@ -140,7 +142,7 @@ impl Forwarder {
     /// Forwards `body` to `path` of a backend serving its model. Every answer,
     /// errors included, carries the request's id.
     pub async fn forward(
-        &self,
+        self: &Arc<Self>,
         path: &'static str,
         headers: &HeaderMap,
         body: Bytes,
@@ -162,7 +164,7 @@ impl Forwarder {
     }
 
     async fn attempts(
-        &self,
+        self: &Arc<Self>,
         path: &'static str,
         headers: &HeaderMap,
         body: Bytes,
@@ -178,7 +180,13 @@ impl Forwarder {
         // never passed on.
         let pass_key = caller.live.auth.is_open();
         let owner = owner(path, &caller);
-        let send = Send { path, headers, body: &ready.body, request_id, pass_key, owner };
+        // A chat or text completion stream may move to another backend if its
+        // own is lost: its engine marks the tokens it sends.
+        let movable = ready.peek.stream
+            && self.retry.max_resumes() > 0
+            && matches!(path, "/v1/chat/completions" | "/v1/completions");
+        let send =
+            Send { path, headers, body: &ready.body, request_id, pass_key, owner, mark: movable };
         let mut course = self.retry.course();
         if let Some(previous) = &ready.peek.previous {
             let others = self.holder(previous).inspect_err(|e| record.refused(e.status()))?;
@@ -208,21 +216,18 @@ impl Forwarder {
             }
             if let Some(failure) = ruling.failure {
                 tracing::info!(request_id = ?request_id, backend = %backend.url(), reason = failure.label(), "attempt failed");
-                if course.deaths() >= poison::DEATHS {
-                    let deaths = course.deaths();
-                    tracing::error!(request_id = ?request_id, model, "{deaths} backends died under this request: refused as poison");
-                    let err = self.poisons.remember(&ready.sent);
-                    record.refused(err.status());
-                    return Err(err);
-                }
+                self.poisoned(&course, &ready.sent, request_id)
+                    .inspect_err(|e| record.refused(e.status()))?;
             }
             match (ruling.then, result) {
                 (Then::Deliver, Ok((status, answer))) => {
-                    let (strip, silence) = (ready.strip_usage, self.timeouts.chunk);
-                    let dialect = relay::Dialect::of(path);
-                    let response =
-                        answer.into_response(&backend, status, record, strip, silence, dialect);
-                    return Ok(response);
+                    let lost = (vec![backend.index], course.deaths());
+                    let moving = movable.then(|| self.moving(&send, &ready, (wait, lost)));
+                    let timing = (self.timeouts.chunk, relay::Dialect::of(path));
+                    let strip = ready.strip_usage;
+                    return Ok(
+                        answer.into_response(&backend, status, record, strip, timing, moving)
+                    );
                 }
                 (Then::RetryAfter(pause), _) => tokio::time::sleep(pause).await,
                 (then, _) => {
@@ -238,6 +243,43 @@ impl Forwarder {
 }
 
 impl Forwarder {
+    /// What a stream needs to move to another backend: its request, owned, and
+    /// the backends its attempts lost (`lost`: left out, and how many died).
+    fn moving(
+        self: &Arc<Self>,
+        send: &Send<'_>,
+        ready: &prepare::Ready,
+        (wait, lost): (crate::fleet::pool::Wait, (Vec<usize>, u32)),
+    ) -> Box<resume::Moving> {
+        let request = resume::Request {
+            path: send.path,
+            headers: send.headers.clone(),
+            body: ready.body.clone(),
+            sent: ready.sent.clone(),
+            request_id: send.request_id.clone(),
+            pass_key: send.pass_key,
+            owner: send.owner.clone(),
+        };
+        let model = ready.peek.model.clone();
+        let resumer = resume::Resumer::new(self.clone(), request, (model, wait), lost);
+        Box::new(resume::Moving { ledger: Default::default(), resumer, pending: None })
+    }
+
+    /// The refusal of a request under which [`poison::DEATHS`] backends died.
+    fn poisoned(
+        &self,
+        course: &course::Course<'_>,
+        sent: &[u8],
+        request_id: &HeaderValue,
+    ) -> Result<(), ApiError> {
+        let deaths = course.deaths();
+        if deaths < poison::DEATHS {
+            return Ok(());
+        }
+        tracing::error!(request_id = ?request_id, "{deaths} backends died under this request: refused as poison");
+        Err(self.poisons.remember(sent))
+    }
+
     /// The backends other than the one that holds the stored response `id` (its
     /// engine instance is in the id): a follow-up goes there, or nowhere.
     fn holder(&self, id: &str) -> Result<Vec<usize>, ApiError> {

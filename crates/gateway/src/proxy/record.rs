@@ -27,6 +27,9 @@ pub struct Record {
     request_id: axum::http::HeaderValue,
     key: Option<Arc<str>>,
     attempts: u32,
+    /// Backends that sent part of the answer: more than one when its stream
+    /// moved.
+    served_by: u32,
     tokens: [u64; 3],
 }
 
@@ -59,6 +62,7 @@ impl Record {
             request_id: request_id.clone(),
             key: None,
             attempts: 0,
+            served_by: 0,
             tokens: [0; 3],
         }
     }
@@ -105,6 +109,14 @@ impl Record {
         self.backend = Some(backend);
         self.status = status;
         self.first_byte = Some(Instant::now());
+        self.served_by = 1;
+    }
+
+    /// The answer's stream went on at `backend`.
+    pub fn moved(&mut self, backend: Arc<String>) {
+        self.backend = Some(backend);
+        self.served_by += 1;
+        self.attempts += 1;
     }
 }
 
@@ -136,6 +148,7 @@ impl Drop for Record {
             backend,
             status = self.status,
             attempts = self.attempts,
+            backends = self.served_by,
             prompt_tokens = prompt,
             completion_tokens = completion,
             cached_tokens = cached,

@@ -18,6 +18,7 @@ use http_body::{Body, Frame, SizeHint};
 use slotgate_protocol::{sse, ApiError, ErrorType};
 
 use super::record::Record;
+use super::resume::{Moving, Why};
 use super::strip::UsageStrip;
 use crate::fleet::pool::Claim;
 use crate::proxy::upstream::Body as UpstreamBody;
@@ -44,6 +45,9 @@ pub struct Relay {
     events: u64,
     /// How the stream's clients read an error event.
     dialect: Dialect,
+    /// Of a stream that may go on at another backend: what its client has,
+    /// and how to move it.
+    moving: Option<Box<Moving>>,
 }
 
 /// The API a stream speaks, which decides the shape of an error event that ends
@@ -80,9 +84,10 @@ impl Relay {
         record: Record,
         strip: Option<UsageStrip>,
         (silence, dialect): (Duration, Dialect),
+        moving: Option<Box<Moving>>,
     ) -> Self {
-        // A stream with an event taken out cannot keep its declared length.
-        let sized = upstream.size_hint().exact().is_some() && strip.is_none();
+        // A stream with an event or a mark taken out cannot keep its declared length.
+        let sized = upstream.size_hint().exact().is_some() && strip.is_none() && moving.is_none();
         let mut relay = Self {
             first: None,
             upstream,
@@ -96,13 +101,38 @@ impl Relay {
             timer: None,
             events: 0,
             dialect,
+            moving,
         };
         relay.first = Some(relay.pass(first));
         relay
     }
 
-    /// A piece of the stream as the client gets it, its usage counted.
+    /// A piece of the stream as the client gets it, its usage counted: of a
+    /// stream that may move, only what its engine has marked.
     fn pass(&mut self, data: Bytes) -> Bytes {
+        let data = match &mut self.moving {
+            Some(moving) => moving.ledger.take(&data),
+            None => data,
+        };
+        self.relayed(data)
+    }
+
+    /// The stream ended: what was held back, and what the usage strip kept.
+    fn end(&mut self) -> Option<Result<Frame<Bytes>, Infallible>> {
+        self.ended = true;
+        let held = self.moving.as_mut().map(|m| m.ledger.finish()).unwrap_or_default();
+        let mut out = self.relayed(held).to_vec();
+        if let Some(tail) = self.strip.as_mut().and_then(UsageStrip::finish) {
+            out.extend_from_slice(&tail);
+        }
+        (!out.is_empty()).then(|| Ok(Frame::data(Bytes::from(out))))
+    }
+
+    /// Bytes going to the client: their events and usage counted.
+    fn relayed(&mut self, data: Bytes) -> Bytes {
+        if data.is_empty() {
+            return data;
+        }
         self.events += memchr::memmem::find_iter(&data, b"data: ").count() as u64;
         // Only the last chunk of a stream that asked for usage carries it.
         self.record.count_usage(&self.claim.backend, &data);
@@ -129,21 +159,95 @@ impl Relay {
         if timer.as_mut().poll(cx).is_pending() {
             return Poll::Pending;
         }
-        tracing::warn!(backend = %self.claim.backend.url(), silence = ?self.silence, "backend silent mid-stream: answer cut off");
-        // Dropping the upstream body closes its connection: the engine frees the slot.
-        self.fail(&format!(
+        tracing::warn!(backend = %self.claim.backend.url(), silence = ?self.silence, "backend silent mid-stream");
+        // A backend that stalls mid-answer is out of rotation until its
+        // health checks pass again, not only left by this stream.
+        if self.claim.backend.eject() {
+            tracing::warn!(backend = %self.claim.backend.url(), "ejected: stalled mid-stream");
+        }
+        let message = format!(
             "the backend sent nothing for {} ms (routing.chunk_timeout_ms); the answer is incomplete",
             self.silence.as_millis()
-        ))
+        );
+        self.broken(cx, Why::Stalled, &message)
+    }
+
+    /// The backend is lost mid-stream: the stream moves to another backend if
+    /// it may, else it ends with an error event. A stream whose client has the
+    /// whole answer just ends.
+    fn broken(
+        &mut self,
+        cx: &mut Context<'_>,
+        why: Why,
+        message: &str,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let Some(moving) = self.moving.as_deref_mut() else { return self.fail(message) };
+        if moving.ledger.is_whole() {
+            self.ended = true;
+            return Poll::Ready(None);
+        }
+        if !moving.ledger.can_move() {
+            return self.fail(message);
+        }
+        // The lost backend's connection is closed now: its engine, if it comes
+        // back, stops the request and frees the slot.
+        self.upstream.abandon();
+        let since = if why == Why::Stalled { self.last } else { Instant::now() };
+        match moving.resumer.start(&moving.ledger, &self.claim.backend, why) {
+            Ok(pending) => {
+                moving.pending = Some((pending, since, why));
+                self.next(cx)
+            }
+            Err(reason) => {
+                tracing::warn!(backend = %self.claim.backend.url(), %reason, "stream not moved");
+                self.fail(&format!("{message}; it could not go on elsewhere: {reason}"))
+            }
+        }
+    }
+
+    /// Polls the move under way: pending, failed (the stream ends with an error
+    /// event), or done, when the next backend's first chunk goes out.
+    fn poll_move(&mut self, cx: &mut Context<'_>) -> Option<Poll<Option<Bytes>>> {
+        let moving = self.moving.as_deref_mut()?;
+        let (pending, since, _) = moving.pending.as_mut()?;
+        let result = match pending.as_mut().poll(cx) {
+            Poll::Pending => return Some(Poll::Pending),
+            Poll::Ready(result) => result,
+        };
+        let since = *since;
+        moving.pending = None;
+        match result {
+            Ok(resumed) => {
+                metrics::histogram!(crate::metrics::RESUME_GAP)
+                    .record(since.elapsed().as_secs_f64());
+                tracing::info!(backend = %resumed.claim.backend.url(), gap = ?since.elapsed(), "stream went on");
+                self.record.moved(resumed.claim.backend.url());
+                // The lost backend's claim goes: its slot is free in the pool.
+                self.claim = resumed.claim;
+                self.upstream = resumed.upstream;
+                self.last = Instant::now();
+                Some(Poll::Ready(Some(self.pass(resumed.first))))
+            }
+            Err(reason) => {
+                tracing::warn!(%reason, "stream could not go on elsewhere");
+                let message =
+                    format!("the backend was lost mid-stream and no other could go on: {reason}");
+                Some(Poll::Ready(self.fail_bytes(&message)))
+            }
+        }
     }
 
     /// Ends the stream with an error event (or, in a declared length, cut short).
     fn fail(&mut self, message: &str) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Poll::Ready(self.fail_bytes(message).map(|b| Ok(Frame::data(b))))
+    }
+
+    /// The error event that ends the stream, in its dialect; none in a
+    /// declared length, where the short body, cut off, tells the client.
+    fn fail_bytes(&mut self, message: &str) -> Option<Bytes> {
         self.ended = true;
         if self.sized {
-            // No room for an error event in a declared length: the short body,
-            // cut off, tells the client instead.
-            return Poll::Ready(None);
+            return None;
         }
         let err = ApiError::new(ErrorType::ServerError, message);
         let event = match self.dialect {
@@ -160,7 +264,53 @@ impl Relay {
                 format!("event: error\ndata: {data}\n\n")
             }
         };
-        Poll::Ready(Some(Ok(Frame::data(Bytes::from(event)))))
+        Some(Bytes::from(event))
+    }
+
+    /// The next frame for the client: from the move under way, if there is
+    /// one, else from the backend. Pieces that carry nothing the client may
+    /// have yet (held back until marked) are not sent as empty frames.
+    fn next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        loop {
+            if self.ended {
+                return Poll::Ready(None);
+            }
+            if let Some(moved) = self.poll_move(cx) {
+                match moved {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Some(data)) if !data.is_empty() => {
+                        return Poll::Ready(Some(Ok(Frame::data(data))))
+                    }
+                    Poll::Ready(Some(_)) => continue,
+                    Poll::Ready(None) => return Poll::Ready(None),
+                }
+            }
+            match Pin::new(&mut self.upstream).poll_frame(cx) {
+                Poll::Pending => return self.wait(cx),
+                Poll::Ready(Some(Ok(frame))) => {
+                    let Ok(data) = frame.into_data() else { continue };
+                    self.last = Instant::now();
+                    let data = self.pass(data);
+                    if self.upstream.is_end_stream() {
+                        // The declared length is read: hyper will not poll again.
+                        self.ended = true;
+                    }
+                    if data.is_empty() && !self.ended {
+                        continue;
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Poll::Ready(Some(Err(err))) => {
+                    tracing::warn!(error = %err, backend = %self.claim.backend.url(), "backend failed mid-stream");
+                    return self.broken(
+                        cx,
+                        Why::Died,
+                        "the backend failed while streaming; the answer is incomplete",
+                    );
+                }
+                Poll::Ready(None) => return Poll::Ready(self.end()),
+            }
+        }
     }
 }
 
@@ -190,33 +340,11 @@ impl Body for Relay {
             if this.upstream.is_end_stream() {
                 this.ended = true;
             }
-            return Poll::Ready(Some(Ok(Frame::data(first))));
-        }
-        loop {
-            match Pin::new(&mut this.upstream).poll_frame(cx) {
-                Poll::Pending => return this.wait(cx),
-                Poll::Ready(Some(Ok(frame))) => {
-                    let Ok(data) = frame.into_data() else { continue };
-                    this.last = Instant::now();
-                    let data = this.pass(data);
-                    if this.upstream.is_end_stream() {
-                        // The declared length is read: hyper will not poll again.
-                        this.ended = true;
-                    }
-                    return Poll::Ready(Some(Ok(Frame::data(data))));
-                }
-                Poll::Ready(Some(Err(err))) => {
-                    tracing::warn!(error = %err, backend = %this.claim.backend.url(), "backend failed mid-stream");
-                    return this
-                        .fail("the backend failed while streaming; the answer is incomplete");
-                }
-                Poll::Ready(None) => {
-                    this.ended = true;
-                    let rest = this.strip.as_mut().and_then(UsageStrip::finish);
-                    return Poll::Ready(rest.map(|b| Ok(Frame::data(b))));
-                }
+            if !first.is_empty() || this.ended {
+                return Poll::Ready(Some(Ok(Frame::data(first))));
             }
         }
+        this.next(cx)
     }
 
     fn is_end_stream(&self) -> bool {

@@ -109,6 +109,7 @@ pub enum GiveUp {
 #[derive(Debug)]
 pub struct RetryPolicy {
     max_attempts: u32,
+    max_resumes: u32,
     backoff: Duration,
     budget: RetryBudget,
 }
@@ -118,6 +119,7 @@ impl RetryPolicy {
     pub fn new(routing: &Routing) -> Self {
         Self {
             max_attempts: routing.max_attempts,
+            max_resumes: routing.max_resumes,
             backoff: Duration::from_millis(routing.retry_backoff_ms),
             budget: RetryBudget::new(routing.retry_budget, routing.retry_budget_min),
         }
@@ -126,6 +128,17 @@ impl RetryPolicy {
     /// Attempts a request may make, the first included.
     pub fn max_attempts(&self) -> u32 {
         self.max_attempts
+    }
+
+    /// Times one stream may move to another backend.
+    pub fn max_resumes(&self) -> u32 {
+        self.max_resumes
+    }
+
+    /// Takes one retry from the budget, for a stream's move; false when it is
+    /// spent.
+    pub(super) fn withdraw(&self) -> bool {
+        self.budget.withdraw()
     }
 
     /// A request arrived: it earns the budget its share of retries.

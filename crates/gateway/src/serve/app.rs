@@ -15,7 +15,7 @@ pub struct App {
     /// Reloads the configuration (`POST /admin/reload`).
     pub reload: Reload,
     /// Forwards the OpenAI requests, and holds the pool.
-    pub forwarder: Forwarder,
+    pub forwarder: Arc<Forwarder>,
     /// Renders `/metrics`.
     pub metrics: PrometheusHandle,
     /// Open connections per worker thread, for `/metrics`.

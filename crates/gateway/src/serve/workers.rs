@@ -115,14 +115,14 @@ impl Worker {
         runtime.block_on(async {
             let Self { index, listener, mut inbox, inboxes, spread } = self;
             let listener = TcpListener::from_std(listener)?;
-            let forwarder = Forwarder::new(
+            let forwarder = Arc::new(Forwarder::new(
                 shared.pool.clone(),
                 BackendClient::new(&shared.routing, shared.replica.clone()),
                 shared.retry.clone(),
                 shared.live.clone(),
                 shared.book.clone(),
                 crate::proxy::Timeouts::of(&shared.routing),
-            );
+            ));
             let app = Arc::new(App {
                 reload: shared.reload.clone(),
                 forwarder,

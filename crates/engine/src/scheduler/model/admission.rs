@@ -5,12 +5,13 @@ use std::time::{Duration, Instant};
 
 use llama_cpp_2::context::session::{LlamaStateSeqFlags, SeqState};
 use llama_cpp_2::token::LlamaToken;
-use slotgate_protocol::ApiError;
+use slotgate_protocol::{ApiError, FinishReason};
 
 use super::{kv_pool, Loaded, ModelRuntime};
 use crate::metrics as m;
 use crate::scheduler::host_cache::HostCache;
 use crate::scheduler::job::{Event, Outbox, PromptProgress, Task};
+use crate::scheduler::model::Replay;
 use crate::scheduler::sampler::ChoiceSampler;
 use crate::scheduler::slot::{common_prefix, pick_slot, Pick, Running, Slot, KEEP_SHARE};
 use crate::scheduler::text::TextStream;
@@ -129,9 +130,12 @@ impl ModelRuntime {
     /// Puts `task` in slot `i`, keeping the longest cached prefix of its prompt:
     /// the slot's own, or one restored from the host cache when that is longer.
     /// What the slot held goes to the host cache first when most of it would be lost.
-    fn start(&mut self, i: usize, pick: Pick, task: Task, step_no: u64, outbox: &mut Outbox) {
-        let sampler =
+    fn start(&mut self, i: usize, pick: Pick, mut task: Task, step_no: u64, outbox: &mut Outbox) {
+        let mut sampler =
             ChoiceSampler::new(&task.params, task.seed, self.n_vocab, task.grammar.as_deref());
+        let replay = task.replay.take();
+        let answered = replay.as_ref().map_or(0, |r| r.tokens);
+        sampler.recall(&task.prompt[task.prompt.len() - answered as usize..]);
         let salt = &task.params.cache_salt;
         let mut shared = self.slots[i].shared(&task.prompt, salt.as_deref());
         if task.params.cache_prompt && self.host_cache.enabled() && pick != Pick::Warm {
@@ -160,6 +164,43 @@ impl ModelRuntime {
         tracing::debug!(model = %self.id, slot = slot.id, ?pick, keep, prompt = task.prompt.len(), "admitted");
         let wait = task.enqueued.elapsed();
         metrics::histogram!(m::QUEUE_WAIT, "model" => self.id.clone()).record(wait.as_secs_f64());
+        Self::opening(&task, replay.as_deref(), keep, outbox);
+        // A resumed answer that was already whole ends here, with nothing decoded.
+        let whole = match &replay {
+            Some(r) if r.stopped => Some(FinishReason::Stop),
+            _ if task.params.max_tokens.is_some_and(|max| answered >= max) => {
+                Some(FinishReason::Length)
+            }
+            _ => None,
+        };
+        let text = match replay {
+            Some(replay) => replay.text,
+            None => TextStream::new(task.params.stop.clone()),
+        };
+        let run = Running {
+            sampler: Some(sampler),
+            text,
+            logprobs: Vec::new(),
+            ids: Vec::new(),
+            n_prompt_done: keep,
+            cached: keep,
+            generated: answered,
+            answered,
+            next: None,
+            logits_at: None,
+            admitted: Instant::now(),
+            first_token: None,
+            task,
+        };
+        match whole {
+            Some(reason) => super::decode::finish(run, reason, (&self.id, slot.id), outbox),
+            None => slot.running = Some(run),
+        }
+    }
+
+    /// The events a task sends when it gets its slot: the prompt of an echo,
+    /// the text a resumed choice began with, the prompt's progress.
+    fn opening(task: &Task, replay: Option<&Replay>, keep: usize, outbox: &mut Outbox) {
         if let Some(text) = &task.echo_text {
             task.send(
                 outbox,
@@ -172,6 +213,10 @@ impl ModelRuntime {
                 },
             );
         }
+        if let Some(replay) = replay.filter(|r| r.opened) {
+            let text = replay.sent.clone();
+            task.send(outbox, Event::Replayed { index: task.index, text });
+        }
         if task.params.return_progress {
             let progress = PromptProgress {
                 total: task.prompt.len() as u32,
@@ -181,20 +226,6 @@ impl ModelRuntime {
             };
             task.send(outbox, Event::Progress { index: task.index, progress });
         }
-        slot.running = Some(Running {
-            sampler: Some(sampler),
-            text: TextStream::new(task.params.stop.clone()),
-            logprobs: Vec::new(),
-            ids: Vec::new(),
-            n_prompt_done: keep,
-            cached: keep,
-            generated: 0,
-            next: None,
-            logits_at: None,
-            admitted: Instant::now(),
-            first_token: None,
-            task,
-        });
     }
 
     /// Restores into slot `i` the host-cache entry of `salt` that shares the most

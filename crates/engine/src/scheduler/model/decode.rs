@@ -257,7 +257,7 @@ impl Sampled<'_> {
 
 /// Ends a choice: the held-back text, its usage and its metrics.
 /// `at` is the model's id and the slot's.
-fn finish(mut run: Running, reason: FinishReason, at: (&str, u32), outbox: &mut Outbox) {
+pub(super) fn finish(mut run: Running, reason: FinishReason, at: (&str, u32), outbox: &mut Outbox) {
     let (id, slot) = at;
     let rest = run.text.finish();
     if !rest.is_empty() || !run.logprobs.is_empty() || !run.ids.is_empty() {
@@ -269,8 +269,9 @@ fn finish(mut run: Running, reason: FinishReason, at: (&str, u32), outbox: &mut 
     }
     let usage = run.usage(slot);
     if let Some(first) = run.first_token {
-        if run.generated > 1 {
-            let per_token = first.elapsed() / (run.generated - 1);
+        let sampled = run.generated - run.answered;
+        if sampled > 1 {
+            let per_token = first.elapsed() / (sampled - 1);
             metrics::histogram!(m::TPOT, "model" => id.to_owned()).record(per_token.as_secs_f64());
         }
     }

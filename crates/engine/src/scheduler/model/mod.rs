@@ -32,7 +32,7 @@ use super::job::{Event, Outbox, Task};
 use super::slot::Slot;
 use crate::config::ModelSettings;
 use crate::error::EngineError;
-pub use reader::{ReadJob, Reader};
+pub use reader::{ReadJob, Reader, Replay};
 pub use vocab::{VocabAnswer, VocabOp};
 
 /// The contexts of one model: one for generation, whose sequences are the slots,

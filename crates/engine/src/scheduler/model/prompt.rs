@@ -20,9 +20,13 @@ impl ModelRuntime {
         let params = Arc::new(job.params);
         let enqueued = Instant::now();
         let mut tasks = Vec::with_capacity(job.prompts.len() * params.n as usize);
+        // The reader allows a replay only of one choice.
+        let mut replay = job.replay.map(Box::new);
+        // A resumed choice whose client has its first chunk has its echo too.
+        let echo = params.echo && !replay.as_ref().is_some_and(|r| r.opened);
         for (p, (tokens, text)) in job.prompts.into_iter().enumerate() {
             let prompt = Arc::new(tokens);
-            let echo_text = params.echo.then(|| Arc::new(text));
+            let echo_text = echo.then(|| Arc::new(text));
             for s in 0..params.n {
                 let seed = match params.seed {
                     Some(seed) => (seed as u32).wrapping_add(s),
@@ -39,6 +43,7 @@ impl ModelRuntime {
                     events: job.events.clone(),
                     enqueued,
                     replica: job.replica.clone(),
+                    replay: replay.take(),
                 });
             }
         }

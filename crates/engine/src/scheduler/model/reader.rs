@@ -12,7 +12,10 @@
 //! on the scheduler thread, which keeps an unloaded model until no reader holds
 //! it (see `worker.rs`).
 
+mod replay;
 mod rerank;
+
+pub use replay::Replay;
 
 use std::sync::Arc;
 
@@ -62,6 +65,8 @@ pub struct ReadJob {
     pub prompts: Vec<Read>,
     /// The grammar every choice samples under, if any.
     pub grammar: Option<Grammar>,
+    /// Of a resumed stream: the answer so far, read after its prompt.
+    pub replay: Option<Replay>,
 }
 
 impl Reader {
@@ -125,7 +130,7 @@ impl Reader {
             ));
         }
         self.ban_eog(params);
-        let prompts: Vec<Read> = match input {
+        let mut prompts: Vec<Read> = match input {
             JobInput::Chat(messages, tools, render) => {
                 let text = self.render_chat(messages, tools.as_deref(), render)?;
                 self.fits_bytes(text.len(), None, "messages")?;
@@ -175,12 +180,13 @@ impl Reader {
             self.fits_tokens(tokens.len(), (prompts.len() > 1).then_some(i), param)?;
         }
         // Compiled once, here; each choice copies it when it gets a slot.
-        let grammar = params
+        let mut grammar = params
             .grammar
             .as_deref()
             .map(|g| crate::scheduler::grammar::compile(&self.model, g))
             .transpose()?;
-        Ok(ReadJob { prompts, grammar })
+        let replay = self.replay(&mut prompts, grammar.as_mut(), params)?;
+        Ok(ReadJob { prompts, grammar, replay })
     }
 
     /// The tokens of a prompt given as ids, or as ids and texts in turn (each

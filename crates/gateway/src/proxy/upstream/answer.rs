@@ -55,6 +55,8 @@ pub(super) struct Head {
     pub status: StatusCode,
     framing: Framing,
     keep: bool,
+    /// The stream marks its tokens ([`slotgate_protocol::resume::MARK_HEADER`]).
+    pub marked: bool,
 }
 
 /// Why a head could not be read.
@@ -123,10 +125,12 @@ fn parse_head(buf: &[u8]) -> Result<Option<(usize, Head)>, HeadError> {
     // HTTP/1.1 keeps the connection unless told otherwise; 1.0 only if told to.
     let mut keep = response.version == Some(1);
     let mut length: Option<u64> = None;
-    let (mut encoded, mut chunked) = (false, false);
+    let (mut encoded, mut chunked, mut marked) = (false, false, false);
     for header in response.headers.iter() {
         let name = header.name;
-        if name.eq_ignore_ascii_case("content-length") {
+        if name.eq_ignore_ascii_case(slotgate_protocol::resume::MARK_HEADER) {
+            marked = true;
+        } else if name.eq_ignore_ascii_case("content-length") {
             let n =
                 parse_length(header.value).ok_or_else(|| broken("bad content-length".into()))?;
             if length.is_some_and(|l| l != n) {
@@ -167,7 +171,7 @@ fn parse_head(buf: &[u8]) -> Result<Option<(usize, Head)>, HeadError> {
         keep = false;
         Framing::Close
     };
-    Ok(Some((len, Head { status, framing, keep })))
+    Ok(Some((len, Head { status, framing, keep, marked })))
 }
 
 /// A `Content-Length` value: digits only.
@@ -195,6 +199,13 @@ enum Step {
 }
 
 impl Body {
+    /// Gives up the rest of the answer: its connection is closed, not pooled,
+    /// which tells an engine to stop the request and free its slot.
+    pub fn abandon(&mut self) {
+        self.conn = None;
+        self.framing = Framing::Done;
+    }
+
     pub(super) fn new(head: &Head, conn: Conn, host: Arc<Host>) -> Self {
         let mut body = Self { conn: Some(conn), host, framing: head.framing, keep: head.keep };
         if body.framing == Framing::Length(0) {

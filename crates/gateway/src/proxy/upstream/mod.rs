@@ -114,6 +114,8 @@ pub struct Reply {
     pub status: StatusCode,
     /// The body; read to its end, it gives the connection back to the pool.
     pub body: Body,
+    /// Whether the stream marks its tokens, as asked ([`crate::proxy::resume`]).
+    pub marked: bool,
 }
 
 impl BackendClient {
@@ -308,7 +310,7 @@ async fn exchange(conn: &mut Conn, head: &[u8], body: &Bytes) -> Result<answer::
 
 impl Reply {
     fn new(head: answer::Head, conn: Conn, host: Arc<Host>) -> Self {
-        Self { status: head.status, body: Body::new(&head, conn, host) }
+        Self { status: head.status, marked: head.marked, body: Body::new(&head, conn, host) }
     }
 }
 
