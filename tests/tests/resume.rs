@@ -200,7 +200,11 @@ async fn an_engine_goes_on_from_any_mark_of_a_stream_exactly() {
     let json_answer = json!({"model": MODEL, "stream": true, "max_tokens": 60, "temperature": 0,
         "messages": [{"role": "user", "content": "A person:"}],
         "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}});
-    for body in [forced, json_answer] {
+    // A seeded draw at random: each token's draw comes from the seed and its
+    // position, so a move does not start the random sequence over.
+    let seeded = json!({"model": MODEL, "stream": true, "max_tokens": 40, "temperature": 1.0,
+        "seed": 42, "messages": [{"role": "user", "content": "Tell me about the sea."}]});
+    for body in [forced, json_answer, seeded] {
         let whole = marked(&client, &url, &body).await;
         let text: String = whole.iter().map(|(t, _)| t.as_str()).collect();
         assert!(!text.is_empty(), "{body}");

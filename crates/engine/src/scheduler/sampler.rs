@@ -30,6 +30,23 @@ pub(crate) struct ChoiceSampler {
     /// Report the distribution the draw was made from (after top-k, top-p,
     /// min-p and temperature) rather than the model's own.
     post_sampling: bool,
+    /// Of a seeded choice that samples at random: its draws by position.
+    seeded: Option<Seeded>,
+}
+
+/// A seeded choice's draws: each is made with a chain whose random draw is
+/// seeded by the request's seed and the token's position in the answer, not by
+/// one sequence from the seed. A choice resumed on another engine at position
+/// `k` then draws as the undisturbed one would have (llama.cpp's `dist` cannot
+/// be moved along its sequence; it is built anew, with the chain, per draw).
+struct Seeded {
+    params: std::sync::Arc<GenParams>,
+    seed: u32,
+    n_vocab: i32,
+    /// Tokens of the answer so far: the next draw's position.
+    position: u32,
+    /// The last tokens, which a new chain's penalties are given again.
+    recent: std::collections::VecDeque<LlamaToken>,
 }
 
 /// A drawn token and, when asked for, its log probabilities.
@@ -43,21 +60,40 @@ pub(crate) struct Drawn {
 
 impl ChoiceSampler {
     /// A fresh sampler for one choice, with a copy of the job's `grammar`.
-    pub fn new(params: &GenParams, seed: u32, n_vocab: i32, grammar: Option<&Grammar>) -> Self {
+    pub fn new(
+        params: &std::sync::Arc<GenParams>,
+        seed: u32,
+        n_vocab: i32,
+        grammar: Option<&Grammar>,
+    ) -> Self {
         let grammar = grammar.map(Grammar::copy);
         let post_sampling = params.post_sampling_probs;
+        let seeded = (params.seed.is_some() && params.temperature > 0.0).then(|| Seeded {
+            params: params.clone(),
+            seed,
+            n_vocab,
+            position: 0,
+            recent: std::collections::VecDeque::new(),
+        });
         Self {
             chain: chain(params, seed, n_vocab),
             grammar,
             logprobs: params.logprobs,
             post_sampling,
+            seeded,
         }
     }
 
     /// A sampler with no settings but greedy choice, for tests.
     #[cfg(test)]
     pub fn greedy() -> Self {
-        Self { chain: LlamaSampler::greedy(), grammar: None, logprobs: None, post_sampling: false }
+        Self {
+            chain: LlamaSampler::greedy(),
+            grammar: None,
+            logprobs: None,
+            post_sampling: false,
+            seeded: None,
+        }
     }
 
     /// Feeds the penalties the last tokens of a resumed answer, as if this
@@ -66,6 +102,33 @@ impl ChoiceSampler {
         let from = tokens.len().saturating_sub(PENALTY_LAST_N as usize);
         for &token in &tokens[from..] {
             self.chain.accept(token);
+        }
+        if let Some(seeded) = &mut self.seeded {
+            seeded.position = tokens.len() as u32;
+            seeded.recent.extend(&tokens[from..]);
+        }
+    }
+
+    /// Before a seeded choice's draw: a chain seeded for its position, its
+    /// penalties given the recent tokens again.
+    fn reseed(&mut self) {
+        let Some(s) = &self.seeded else { return };
+        self.chain = chain(&s.params, seed_at(s.seed, s.position), s.n_vocab);
+        if s.params.presence_penalty != 0.0 || s.params.frequency_penalty != 0.0 {
+            for &token in &s.recent {
+                self.chain.accept(token);
+            }
+        }
+    }
+
+    /// After a draw: one more token of the answer.
+    fn drew(&mut self, token: LlamaToken) {
+        if let Some(s) = &mut self.seeded {
+            s.position += 1;
+            s.recent.push_back(token);
+            if s.recent.len() > PENALTY_LAST_N as usize {
+                s.recent.pop_front();
+            }
         }
     }
 
@@ -81,11 +144,16 @@ impl ChoiceSampler {
         if self.needs_logits() {
             return self.draw_from(ctx.get_logits_ith(at));
         }
-        Drawn { token: self.chain.sample(ctx, at), logprobs: None, dead_end: false }
+        self.reseed();
+        // llama.cpp's sample accepts the token into the chain itself.
+        let token = self.chain.sample(ctx, at);
+        self.drew(token);
+        Drawn { token, logprobs: None, dead_end: false }
     }
 
     /// Draws a token from `logits` (one per vocabulary entry) and accepts it.
     pub fn draw_from(&mut self, logits: &[f32]) -> Drawn {
+        self.reseed();
         let candidates = || {
             LlamaTokenDataArray::new(
                 (0..)
@@ -123,6 +191,7 @@ impl ChoiceSampler {
             return Drawn { token: LlamaToken(0), logprobs: None, dead_end: true };
         };
         self.chain.accept(token);
+        self.drew(token);
         let logprobs = self.logprobs.map(|top| match &drawn_from {
             Some(probs) => post_sampling(probs, token, top as usize),
             None => log_probabilities(logits, token, top as usize),
@@ -179,6 +248,21 @@ fn log_probabilities(
     (logprob(chosen), best.into_iter().map(|i| (LlamaToken(i as i32), logprob(i))).collect())
 }
 
+/// The seed of a seeded choice's draw at `position`: splitmix64 of both, so
+/// that neighbouring positions get unrelated seeds. Never llama.cpp's
+/// `LLAMA_DEFAULT_SEED` (`u32::MAX`), which asks for a random one.
+fn seed_at(seed: u32, position: u32) -> u32 {
+    let mut z = ((u64::from(seed) << 32) | u64::from(position)).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    let mixed = (z ^ (z >> 31)) as u32;
+    if mixed == u32::MAX {
+        0
+    } else {
+        mixed
+    }
+}
+
 /// The chain of settings, without the grammar.
 fn chain(params: &GenParams, seed: u32, n_vocab: i32) -> LlamaSampler {
     let mut chain = Vec::with_capacity(8);
@@ -221,6 +305,15 @@ fn chain(params: &GenParams, seed: u32, n_vocab: i32) -> LlamaSampler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_position_has_its_own_seed() {
+        let seeds: std::collections::HashSet<u32> = (0..1000).map(|p| seed_at(7, p)).collect();
+        assert_eq!(seeds.len(), 1000);
+        assert_eq!(seed_at(7, 3), seed_at(7, 3));
+        assert_ne!(seed_at(7, 3), seed_at(8, 3));
+        assert!((0..100_000).all(|p| seed_at(u32::MAX, p) != u32::MAX));
+    }
 
     #[test]
     fn log_probabilities_are_a_log_softmax_with_the_best_first() {
